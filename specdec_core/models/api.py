@@ -1,0 +1,44 @@
+"""The model contract every family implements (DESIGN.md, "Model state").
+
+A model, as decoding sees it, is a pure function over an explicit cache pytree::
+
+    forward(cache, tokens[B, K]) -> (logits[B, K, V], cache)
+
+``forward`` writes the K new positions of every row starting at that row's
+``cache.lengths`` (so rows are ragged), attends causally to everything before them,
+returns the logits of all K positions, and advances ``lengths`` by K. K=1 is an
+ordinary decode step, K=γ+1 is verification, a large K is prefill.
+
+``rollback(cache, lengths)`` only sets ``lengths``: slots at or past a row's length
+are stale, masked out by attention and overwritten by the next ``forward``. So
+rejecting drafted tokens is O(1).
+
+Params are bound before decoding sees a model (``functools.partial`` or a closure),
+as in T5X's ``tokens_to_logits``: decoding takes callables, never model classes.
+Every cache is a ``flax.struct.dataclass`` with at least a field
+``lengths: int32[B]``; K/V buffers have a fixed size ``[B, max_len, ...]``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, TypeVar
+
+import jax
+
+Cache = TypeVar("Cache")
+
+
+class Forward(Protocol):
+    """``(cache, tokens[B, K]) -> (logits[B, K, V], cache)``; see the module docstring."""
+
+    def __call__(self, cache: Any, tokens: jax.Array) -> tuple[jax.Array, Any]: ...
+
+
+def rollback(cache: Cache, lengths: jax.Array) -> Cache:
+    """Sets every row's committed length (int32[B]); K/V slots past it become stale."""
+    return cache.replace(lengths=lengths.astype(cache.lengths.dtype))  # type: ignore[attr-defined]
+
+
+def cache_lengths(cache: Any) -> jax.Array:
+    """int32[B]: the number of positions each row of ``cache`` holds."""
+    return cache.lengths

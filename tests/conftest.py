@@ -1,0 +1,21 @@
+"""Shared test fixtures and paths."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+SHARED_TESTDATA = REPO_ROOT.parent / "shared" / "testdata"
+
+
+@pytest.fixture(scope="session")
+def shared_testdata() -> pathlib.Path:
+    """``../shared/testdata``; tests that need it skip with a reason when it is absent."""
+    if not SHARED_TESTDATA.is_dir():
+        pytest.skip(f"shared test data not found at {SHARED_TESTDATA} (only in the project workspace)")
+    return SHARED_TESTDATA
