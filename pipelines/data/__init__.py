@@ -1,0 +1,1 @@
+"""Corpora the project prepares itself (the Ding En–De dictionary)."""
