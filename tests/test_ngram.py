@@ -8,9 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_decoder import assert_cached_matches_uncached
 
 from specdec_core.models import api, ngram
+from tests.test_decoder import assert_cached_matches_uncached
 
 # Two sequences over V=5; tokens 0 and 4 never occur.
 CORPUS = [[1, 2, 3, 2], [2, 3]]
