@@ -17,5 +17,7 @@ SHARED_TESTDATA = REPO_ROOT.parent / "shared" / "testdata"
 def shared_testdata() -> pathlib.Path:
     """``../shared/testdata``; tests that need it skip with a reason when it is absent."""
     if not SHARED_TESTDATA.is_dir():
-        pytest.skip(f"shared test data not found at {SHARED_TESTDATA} (only in the project workspace)")
+        pytest.skip(
+            f"shared test data not found at {SHARED_TESTDATA} (only in the project workspace)"
+        )
     return SHARED_TESTDATA

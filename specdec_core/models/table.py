@@ -27,12 +27,21 @@ class TableCache:
 
 @flax.struct.dataclass
 class TableParams:
-    table: jax.Array  # [V + 1, V, P, V] float32: logits by (previous token or V=start, token, t mod P)
+    table: (
+        jax.Array
+    )  # [V + 1, V, P, V] float32: logits by (previous token or V=start, token, t mod P)
     work: jax.Array  # [work_layers, work_dim, work_dim] float32: cost-only weights
 
 
-def init_params(key, *, vocab_size: int, period: int = 2, scale: float = 2.0,
-                work_dim: int = 0, work_layers: int = 0) -> TableParams:
+def init_params(
+    key,
+    *,
+    vocab_size: int,
+    period: int = 2,
+    scale: float = 2.0,
+    work_dim: int = 0,
+    work_layers: int = 0,
+) -> TableParams:
     """Random logits table ~ N(0, scale²); ``scale`` sets how peaked the model is."""
     k_table, k_work = jax.random.split(key)
     table = scale * jax.random.normal(k_table, (vocab_size + 1, vocab_size, period, vocab_size))
@@ -42,12 +51,16 @@ def init_params(key, *, vocab_size: int, period: int = 2, scale: float = 2.0,
 
 def from_table(table) -> TableParams:
     """Params for a given logits table ``[V + 1, V, P, V]`` with no extra work."""
-    return TableParams(table=jnp.asarray(table, jnp.float32), work=jnp.zeros((0, 0, 0), jnp.float32))
+    return TableParams(
+        table=jnp.asarray(table, jnp.float32), work=jnp.zeros((0, 0, 0), jnp.float32)
+    )
 
 
 def init_cache(batch_size: int, max_len: int) -> TableCache:
-    return TableCache(history=jnp.zeros((batch_size, max_len), jnp.int32),
-                      lengths=jnp.zeros((batch_size,), jnp.int32))
+    return TableCache(
+        history=jnp.zeros((batch_size, max_len), jnp.int32),
+        lengths=jnp.zeros((batch_size,), jnp.int32),
+    )
 
 
 def forward(params: TableParams, cache: TableCache, tokens: jax.Array):
@@ -60,7 +73,9 @@ def forward(params: TableParams, cache: TableCache, tokens: jax.Array):
     prev = jnp.where(positions > 0, history[rows, jnp.maximum(positions - 1, 0)], vocab_plus_1 - 1)
     logits = params.table[prev, tokens, positions % period]  # [B, K, V]
     if params.work.shape[0]:
-        x = jnp.broadcast_to(tokens[..., None].astype(jnp.float32), (batch, k, params.work.shape[1]))
+        x = jnp.broadcast_to(
+            tokens[..., None].astype(jnp.float32), (batch, k, params.work.shape[1])
+        )
         for layer in range(params.work.shape[0]):
             x = jnp.tanh(x @ params.work[layer])
         logits = logits + 0.0 * x.sum(-1, keepdims=True)

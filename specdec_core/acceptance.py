@@ -1,0 +1,110 @@
+"""The accept/reject rule of speculative sampling (Leviathan et al., 2023, Algorithm 1).
+
+Terms, per row of a batch, for one iteration with γ drafted tokens x_1..x_γ:
+
+- ``q_i`` (``draft_probs[:, i]``): the draft's sampling distribution at drafted
+  position i, from which x_i was drawn.
+- ``p_i`` (``target_probs[:, i]``): the target's sampling distribution at the same
+  position; the target also gives ``p_{γ+1}``, the distribution after x_γ.
+- **accepted** tokens: x_i is kept when ``u_i < p_i(x_i) / q_i(x_i)`` with
+  ``u_i ~ U[0, 1)``, for i = 1.. until the first failure. ``n_accepted`` ∈ [0, γ] is the
+  length of that prefix.
+- **recovered** token: at the first rejected position n+1, a sample from
+  ``norm(max(0, p_{n+1} − q_{n+1}))`` (Algorithm 1, "adjust the distribution").
+- **bonus** token: when all γ are accepted, a sample from ``p_{γ+1}``.
+
+``next_token`` is the recovered or the bonus token; every iteration emits
+``n_accepted + 1`` tokens, and by Theorem 1 of the paper their distribution equals the
+target's. Writing ``q_{γ+1} = 0`` makes the two cases one formula: the residual at
+position γ+1 is p itself.
+
+The rule is split in two so that a worker boundary carries only what is needed
+(DESIGN.md): :func:`count_accepted` needs two scalars per drafted token, and
+:func:`sample_next_token` needs two vocabulary-sized vectors at one position.
+:func:`accept` composes them for the in-process loop. All functions are jitted,
+batched and free of host syncs.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from specdec_core import sampling
+
+
+@flax.struct.dataclass
+class Verdict:
+    n_accepted: jax.Array  # [B] int32 in [0, γ]
+    next_token: jax.Array  # [B] int32: recovered token (n < γ) or bonus token (n = γ)
+
+
+def row_keys(key: jax.Array, batch_size: int) -> tuple[jax.Array, jax.Array]:
+    """One key (split per row) or keys [B] -> (uniform keys [B], token keys [B])."""
+    typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+    single = key.ndim == 0 if typed else key.shape == (2,)
+    keys = jax.random.split(key, batch_size) if single else key
+    pairs = jax.vmap(lambda k: jax.random.split(k, 2))(keys)  # [B, 2]
+    return pairs[:, 0], pairs[:, 1]
+
+
+@jax.jit
+def count_accepted(
+    draft_token_probs: jax.Array, target_token_probs: jax.Array, uniform_keys: jax.Array
+) -> jax.Array:
+    """The accepted-prefix length per row.
+
+    draft_token_probs:  [B, γ] q_i(x_i), the draft's probability of each drafted token.
+    target_token_probs: [B, γ] p_i(x_i), the target's probability of the same token.
+    uniform_keys:       [B] PRNG keys, one per row.
+    Returns n_accepted [B] int32.
+    """
+    gamma = draft_token_probs.shape[1]
+    u = jax.vmap(lambda k: jax.random.uniform(k, (gamma,)))(uniform_keys)  # [B, γ]
+    # u < p/q written without a division: with q = p every token passes (u < 1).
+    ok = u * draft_token_probs < target_token_probs  # [B, γ]
+    return jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
+
+
+@jax.jit
+def sample_next_token(
+    target_probs_at_n: jax.Array, draft_probs_at_n: jax.Array, token_keys: jax.Array
+) -> jax.Array:
+    """The recovered (or, with draft_probs_at_n = 0, bonus) token per row.
+
+    target_probs_at_n: [B, V] p at the first rejected position (or p_{γ+1}).
+    draft_probs_at_n:  [B, V] q at that position (zeros when all γ were accepted).
+    token_keys:        [B] PRNG keys.
+    """
+    residual = jnp.maximum(target_probs_at_n - draft_probs_at_n, 0.0)  # [B, V]
+    mass = residual.sum(axis=-1, keepdims=True)
+    # A rejection implies mass > 0 in exact arithmetic; guard rounding with p itself.
+    residual = jnp.where(mass > 0, residual / jnp.maximum(mass, 1e-30), target_probs_at_n)
+    return sampling.sample_rows(token_keys, residual)
+
+
+@jax.jit
+def accept(
+    draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array, key: jax.Array
+) -> Verdict:
+    """Algorithm 1 of Leviathan et al. (2023) over a batch of γ-token proposals.
+
+    draft_tokens: [B, γ] int32, the drafted tokens x_1..x_γ.
+    draft_probs:  [B, γ, V] q at each drafted position.
+    target_probs: [B, γ+1, V] p at each of the γ+1 positions.
+    key:          one PRNG key (rows draw independently) or one key per row [B].
+    Returns Verdict(n_accepted [B], next_token [B]).
+    """
+    batch, gamma = draft_tokens.shape
+    uniform_keys, token_keys = row_keys(key, batch)
+    idx = draft_tokens[..., None]
+    q_tok = jnp.take_along_axis(draft_probs, idx, axis=-1)[..., 0]  # [B, γ]
+    p_tok = jnp.take_along_axis(target_probs[:, :gamma], idx, axis=-1)[..., 0]  # [B, γ]
+    n_accepted = count_accepted(q_tok, p_tok, uniform_keys)
+    q_ext = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:, :1])], axis=1)
+    rows = jnp.arange(batch)
+    next_token = sample_next_token(
+        target_probs[rows, n_accepted], q_ext[rows, n_accepted], token_keys
+    )
+    return Verdict(n_accepted=n_accepted, next_token=next_token)

@@ -1,0 +1,384 @@
+"""Target-only autoregressive decoding and the in-process speculative loop.
+
+Both take models as callables that follow the contract of
+:mod:`specdec_core.models.api` (``forward(cache, tokens) -> (logits, cache)``, rollback
+by ``lengths``), never model classes, and caches made by the caller large enough for
+``prompt + max_new_tokens + gamma + 1`` positions.
+
+Sequence bookkeeping, per row: the *committed* sequence is the prompt followed by the
+generated tokens. Between iterations the target's cache holds every committed token
+but the last (the *pending* token, fed at the next call) and the draft's cache every
+committed token but the last two (the draft re-feeds the previous token with the
+pending one, so a fully accepted block needs no extra draft call to catch up on x_γ).
+
+Randomness: every draw of a row derives from ``(seed, request_id, n_generated)``,
+so a request's output does not depend on its batch, its position in it or restarts.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_core import acceptance, sampling
+from specdec_core.models.api import Forward, rollback
+
+
+@flax.struct.dataclass
+class DecodeState:
+    """Per-row loop state; every field has a leading batch axis B."""
+
+    out_tokens: jax.Array  # [B, max_new + γ + 1] int32: generated tokens (junk past n_generated)
+    n_generated: jax.Array  # [B] int32: tokens generated and committed so far
+    max_new: jax.Array  # [B] int32: per-row budget of new tokens
+    done: jax.Array  # [B] bool: hit EOS or max_new
+    pending: jax.Array  # [B] int32: last committed token, not yet in the target's cache
+    previous: jax.Array  # [B] int32: the committed token before it
+    row_keys: jax.Array  # [B] PRNG keys from (seed, request id)
+    iterations: jax.Array  # [B] int32: iterations this row took part in
+    drafted: jax.Array  # [B] int32: drafted tokens proposed to this row
+    accepted: jax.Array  # [B] int32: drafted tokens accepted
+    accepted_by_position: jax.Array  # [B, γ] int32: accepted count at each draft position
+
+
+@flax.struct.dataclass
+class DecodeResult:
+    tokens: np.ndarray  # [B, max_new] int32, padded with pad_id past lengths
+    lengths: np.ndarray  # [B] int32: generated tokens per row (EOS included when hit)
+    iterations: np.ndarray  # [B] int32: iterations (= target calls) per row
+    drafted: np.ndarray  # [B] int32
+    accepted: np.ndarray  # [B] int32
+    accepted_by_position: np.ndarray  # [B, γ] int32 (γ = 0 for target-only decoding)
+    draft_s: float  # wall seconds inside draft calls (batch-level)
+    target_s: float  # wall seconds inside target calls, prefill included
+    overhead_s: float  # wall seconds outside model calls: acceptance, commit, the host loop
+    total_s: float
+
+    def row_tokens(self, row: int) -> list[int]:
+        return self.tokens[row, : self.lengths[row]].tolist()
+
+
+def request_keys(seed: int, request_ids: jax.Array) -> jax.Array:
+    """[B] PRNG keys, one per request id, from the job seed."""
+    base = jax.random.key(seed)
+    return jax.vmap(lambda rid: jax.random.fold_in(base, rid))(jnp.asarray(request_ids, jnp.uint32))
+
+
+def _step_keys(state: DecodeState) -> jax.Array:
+    return jax.vmap(jax.random.fold_in)(state.row_keys, state.n_generated)
+
+
+def _init_state(
+    prompt_tokens, prompt_lengths, request_ids, *, seed, max_new_tokens, gamma
+) -> DecodeState:
+    batch = prompt_tokens.shape[0]
+    rows = jnp.arange(batch)
+    max_new = jnp.broadcast_to(jnp.asarray(max_new_tokens, jnp.int32), (batch,))
+    width = int(np.max(max_new_tokens)) + gamma + 1
+    zeros = jnp.zeros((batch,), jnp.int32)
+    return DecodeState(
+        out_tokens=jnp.zeros((batch, width), jnp.int32),
+        n_generated=zeros,
+        max_new=max_new,
+        done=max_new <= 0,
+        pending=prompt_tokens[rows, prompt_lengths - 1],
+        previous=prompt_tokens[rows, jnp.maximum(prompt_lengths - 2, 0)],
+        row_keys=request_keys(seed, request_ids),
+        iterations=zeros,
+        drafted=zeros,
+        accepted=zeros,
+        accepted_by_position=jnp.zeros((batch, gamma), jnp.int32),
+    )
+
+
+@functools.lru_cache(maxsize=128)
+def _prefill_fn(forward: Forward):
+    """Writes the prompt and keeps all but its last token (the pending one)."""
+
+    def prefill(cache, prompt_tokens, prompt_lengths):
+        start = cache.lengths
+        _, cache = forward(cache, prompt_tokens)
+        return rollback(cache, start + prompt_lengths - 1)
+
+    return jax.jit(prefill)
+
+
+def _commit_block(
+    state: DecodeState, block: jax.Array, n_new: jax.Array, eos_id: int | None
+) -> tuple[DecodeState, jax.Array]:
+    """Appends block[:, :n_new] to active rows, stopping at EOS or max_new.
+
+    block: [B, W] int32 candidate tokens; n_new: [B] int32 valid tokens in it.
+    Returns the new state (pending/previous untouched) and the kept count [B].
+    """
+    batch, width = block.shape
+    rows = jnp.arange(batch)[:, None]
+    cols = state.n_generated[:, None] + jnp.arange(width)[None, :]
+    valid = jnp.arange(width)[None, :] < n_new[:, None]
+    if eos_id is not None:
+        is_eos = (block == eos_id) & valid
+        first_eos = jnp.where(is_eos.any(1), jnp.argmax(is_eos, axis=1), width)
+        n_new = jnp.minimum(n_new, first_eos + 1)
+        hit_eos = is_eos.any(1)
+    else:
+        hit_eos = jnp.zeros((batch,), bool)
+    kept = jnp.where(state.done, 0, jnp.minimum(n_new, state.max_new - state.n_generated))
+    written = state.out_tokens.at[rows, cols].set(block, mode="drop")
+    out = jnp.where(state.done[:, None], state.out_tokens, written)
+    n_generated = state.n_generated + kept
+    done = state.done | hit_eos | (n_generated >= state.max_new)
+    return state.replace(out_tokens=out, n_generated=n_generated, done=done), kept
+
+
+# ---------------------------------------------------------------- target-only baseline
+
+
+@functools.lru_cache(maxsize=128)
+def _autoregressive_fn(forward: Forward, config: sampling.SamplingConfig, eos_id: int | None):
+    def step(carry):
+        state, cache = carry
+        logits, cache = forward(cache, state.pending[:, None])
+        probs = sampling.probs_from_logits(logits[:, 0], config)
+        token = sampling.sample_rows(_step_keys(state), probs)
+        was_active = ~state.done
+        new_state, _ = _commit_block(state, token[:, None], jnp.ones_like(token), eos_id)
+        # Rows that were already done do not advance their cache.
+        cache = rollback(cache, jnp.where(was_active, cache.lengths, cache.lengths - 1))
+        new_state = new_state.replace(
+            pending=jnp.where(was_active, token, state.pending),
+            iterations=state.iterations + was_active,
+        )
+        return new_state, cache
+
+    def run(state, cache):
+        return jax.lax.while_loop(lambda c: ~jnp.all(c[0].done), step, (state, cache))
+
+    return jax.jit(run, donate_argnums=1)
+
+
+def autoregressive_generate(
+    *,
+    target: Forward,
+    target_cache: Any,
+    prompt_tokens,
+    prompt_lengths,
+    request_ids,
+    max_new_tokens,
+    sampling_config: sampling.SamplingConfig,
+    seed: int = 0,
+    eos_id: int | None = None,
+    pad_id: int = 0,
+) -> DecodeResult:
+    """Target-only decoding, one token per target call, the whole loop compiled.
+
+    prompt_tokens: [B, P] int32 (padded); prompt_lengths: [B] int32 ≥ 1;
+    request_ids: [B] ints; max_new_tokens: int or [B].
+    """
+    prompt_tokens, prompt_lengths = _check_prompts(prompt_tokens, prompt_lengths)
+    start = time.perf_counter()
+    state = _init_state(
+        prompt_tokens,
+        prompt_lengths,
+        request_ids,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+        gamma=0,
+    )
+    cache = _prefill_fn(target)(target_cache, prompt_tokens, prompt_lengths)
+    state, cache = _autoregressive_fn(target, sampling_config, eos_id)(state, cache)
+    jax.block_until_ready(state)
+    total = time.perf_counter() - start
+    return _result(
+        state, max_new_tokens, pad_id, draft_s=0.0, target_s=total, overhead_s=0.0, total_s=total
+    )
+
+
+# ---------------------------------------------------------------- speculative loop
+
+
+@functools.lru_cache(maxsize=128)
+def _propose_fn(draft: Forward, gamma: int, config: sampling.SamplingConfig, first: bool):
+    """Draft γ tokens; the first call feeds the pending token, later ones previous+pending."""
+
+    def propose(cache, state: DecodeState):
+        feed = state.pending[:, None] if first else jnp.stack([state.previous, state.pending], 1)
+        draft_keys = jax.vmap(lambda k: jax.random.split(k, gamma))(_step_keys(state))  # [B, γ]
+        logits, cache = draft(cache, feed)
+        probs = sampling.probs_from_logits(logits[:, -1], config)
+        token = sampling.sample_rows(draft_keys[:, 0], probs)
+
+        def step(carry, keys):
+            cache, token = carry
+            logits, cache = draft(cache, token[:, None])
+            probs = sampling.probs_from_logits(logits[:, 0], config)
+            next_token = sampling.sample_rows(keys, probs)
+            return (cache, next_token), (next_token, probs)
+
+        (cache, _), (tokens, probs_rest) = jax.lax.scan(
+            step, (cache, token), jnp.swapaxes(draft_keys[:, 1:], 0, 1)
+        )
+        draft_tokens = jnp.concatenate([token[:, None], jnp.swapaxes(tokens, 0, 1)], 1)
+        draft_probs = jnp.concatenate([probs[:, None], jnp.swapaxes(probs_rest, 0, 1)], 1)
+        return draft_tokens, draft_probs, cache  # [B, γ], [B, γ, V]
+
+    return jax.jit(propose, donate_argnums=0)
+
+
+@functools.lru_cache(maxsize=128)
+def _score_fn(target: Forward, config: sampling.SamplingConfig):
+    def score(cache, pending, draft_tokens):
+        logits, cache = target(cache, jnp.concatenate([pending[:, None], draft_tokens], 1))
+        return sampling.probs_from_logits(logits, config), cache  # [B, γ+1, V]
+
+    return jax.jit(score, donate_argnums=0)
+
+
+@functools.lru_cache(maxsize=128)
+def _verify_commit_fn(eos_id: int | None):
+    def verify_commit(
+        state: DecodeState, draft_tokens, draft_probs, target_probs, target_cache, draft_cache
+    ):
+        batch, gamma = draft_tokens.shape
+        step_keys = _step_keys(state)
+        accept_keys = jax.vmap(lambda k: jax.random.fold_in(k, gamma + 1))(step_keys)
+        verdict = acceptance.accept(draft_tokens, draft_probs, target_probs, accept_keys)
+        n = verdict.n_accepted
+        block = jnp.concatenate([draft_tokens, jnp.zeros((batch, 1), jnp.int32)], 1)
+        block = block.at[jnp.arange(batch), n].set(verdict.next_token)  # [B, γ+1]
+        active = ~state.done
+        new_state, _ = _commit_block(state, block, n + 1, eos_id)
+        prev_of_next = jnp.where(
+            n > 0, draft_tokens[jnp.arange(batch), jnp.maximum(n - 1, 0)], state.pending
+        )
+        committed = active[:, None] & (jnp.arange(gamma)[None, :] < n[:, None])
+        new_state = new_state.replace(
+            pending=jnp.where(active, verdict.next_token, state.pending),
+            previous=jnp.where(active, prev_of_next, state.previous),
+            iterations=state.iterations + active,
+            drafted=state.drafted + active * gamma,
+            accepted=state.accepted + jnp.where(active, n, 0),
+            accepted_by_position=state.accepted_by_position + committed,
+        )
+        # Target held L = committed-1 before scoring γ+1 tokens; keep pending + n accepted.
+        target_len = target_cache.lengths - (gamma + 1) + jnp.where(active, n + 1, 0)
+        draft_len = jnp.maximum(target_len - 1, 0)  # > 0 for active rows after one iteration
+        return (
+            new_state,
+            rollback(target_cache, target_len),
+            rollback(draft_cache, draft_len),
+            jnp.all(new_state.done),
+        )
+
+    return jax.jit(verify_commit, donate_argnums=(4, 5))
+
+
+def speculative_generate(
+    *,
+    target: Forward,
+    target_cache: Any,
+    draft: Forward,
+    draft_cache: Any,
+    prompt_tokens,
+    prompt_lengths,
+    request_ids,
+    max_new_tokens,
+    gamma: int,
+    sampling_config: sampling.SamplingConfig,
+    seed: int = 0,
+    eos_id: int | None = None,
+    pad_id: int = 0,
+) -> DecodeResult:
+    """Speculative decoding (Leviathan et al., 2023) for a batch, rows ragged.
+
+    Each iteration: the draft proposes γ tokens (one compiled call), the target scores
+    γ+1 positions (one call), and one compiled call accepts, commits and rolls both
+    caches back. Output tokens follow the target's distribution under
+    ``sampling_config``; at temperature 0 they equal target-only greedy decoding.
+    """
+    if gamma < 1:
+        raise ValueError(f"gamma must be >= 1, got {gamma}")
+    prompt_tokens, prompt_lengths = _check_prompts(prompt_tokens, prompt_lengths)
+    start = time.perf_counter()
+    state = _init_state(
+        prompt_tokens,
+        prompt_lengths,
+        request_ids,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+        gamma=gamma,
+    )
+    target_cache = jax.block_until_ready(
+        _prefill_fn(target)(target_cache, prompt_tokens, prompt_lengths)
+    )
+    target_s = time.perf_counter() - start
+    draft_cache = _prefill_fn(draft)(draft_cache, prompt_tokens, prompt_lengths)
+    draft_s = time.perf_counter() - start - target_s
+    score = _score_fn(target, sampling_config)
+    verify_commit = _verify_commit_fn(eos_id)
+    all_done, first = bool(jnp.all(state.done)), True
+    while not all_done:
+        t0 = time.perf_counter()
+        propose = _propose_fn(draft, gamma, sampling_config, first)
+        draft_tokens, draft_probs, draft_cache = jax.block_until_ready(propose(draft_cache, state))
+        t1 = time.perf_counter()
+        target_probs, target_cache = jax.block_until_ready(
+            score(target_cache, state.pending, draft_tokens)
+        )
+        t2 = time.perf_counter()
+        state, target_cache, draft_cache, all_done = verify_commit(
+            state, draft_tokens, draft_probs, target_probs, target_cache, draft_cache
+        )
+        all_done, first = bool(all_done), False
+        draft_s += t1 - t0
+        target_s += t2 - t1
+    total = time.perf_counter() - start
+    return _result(
+        state,
+        max_new_tokens,
+        pad_id,
+        draft_s=draft_s,
+        target_s=target_s,
+        overhead_s=total - draft_s - target_s,
+        total_s=total,
+    )
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _check_prompts(prompt_tokens, prompt_lengths) -> tuple[jax.Array, jax.Array]:
+    prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
+    prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
+    if prompt_tokens.ndim != 2:
+        raise ValueError(f"prompt_tokens must be [B, P], got shape {prompt_tokens.shape}")
+    if prompt_lengths.shape != prompt_tokens.shape[:1]:
+        raise ValueError(
+            f"prompt_lengths must be [B]={prompt_tokens.shape[:1]}, got {prompt_lengths.shape}"
+        )
+    lengths = np.asarray(prompt_lengths)
+    if (lengths < 1).any() or (lengths > prompt_tokens.shape[1]).any():
+        raise ValueError(f"prompt_lengths must be in [1, {prompt_tokens.shape[1]}], got {lengths}")
+    return prompt_tokens, prompt_lengths
+
+
+def _result(state: DecodeState, max_new_tokens, pad_id: int, **timings: float) -> DecodeResult:
+    host = jax.device_get(state)
+    width = int(np.max(max_new_tokens))
+    tokens = np.asarray(host.out_tokens[:, :width])
+    lengths = np.asarray(host.n_generated)
+    tokens = np.where(np.arange(width)[None, :] < lengths[:, None], tokens, pad_id)
+    return DecodeResult(
+        tokens=tokens.astype(np.int32),
+        lengths=lengths,
+        iterations=np.asarray(host.iterations),
+        drafted=np.asarray(host.drafted),
+        accepted=np.asarray(host.accepted),
+        accepted_by_position=np.asarray(host.accepted_by_position),
+        **timings,
+    )

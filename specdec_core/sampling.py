@@ -1,0 +1,88 @@
+"""Logits → the probabilities actually sampled from.
+
+One function, :func:`probs_from_logits`, applied identically to draft and target, so
+the speculative rule compares like with like and keeps the target's *sampling*
+distribution exact (temperature, top-k and top-p included). T=0 is the one-hot
+argmax with ties broken to the lowest token id, which makes greedy decoding a special
+case of sampling rather than a separate code path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingConfig:
+    """How a token is drawn from logits. Hashable, so it can be a static jit argument."""
+
+    temperature: float = 1.0  # 0 = greedy (one-hot argmax, ties to the lowest id)
+    top_k: int = 0  # keep the k most likely tokens; 0 = off
+    top_p: float = 1.0  # keep the smallest set whose mass reaches top_p; 1.0 = off
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+def _descending_ranks(values: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Stable descending order (ties: lowest id first) and each token's rank."""
+    order = jnp.argsort(-values, axis=-1, stable=True)  # [..., V]
+    ranks = jnp.argsort(order, axis=-1, stable=True)  # [..., V]
+    return order, ranks
+
+
+def _top_k_mask(logits: jax.Array, k: int) -> jax.Array:
+    _, ranks = _descending_ranks(logits)
+    return ranks < k
+
+
+def _top_p_mask(probs: jax.Array, top_p: float) -> jax.Array:
+    order, ranks = _descending_ranks(probs)
+    sorted_probs = jnp.take_along_axis(probs, order, axis=-1)
+    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs  # [..., V]
+    keep_sorted = mass_before < top_p  # the token that crosses top_p is kept
+    return jnp.take_along_axis(keep_sorted, ranks, axis=-1)
+
+
+def probs_from_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
+    """logits [..., V] -> float32 probabilities [..., V] under ``config``.
+
+    Order of operations (as in HF and gpt-fast): temperature, then top-k, then top-p.
+    """
+    logits = logits.astype(jnp.float32)
+    if config.greedy:
+        return jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+    logits = logits / config.temperature
+    if 0 < config.top_k < logits.shape[-1]:
+        logits = jnp.where(_top_k_mask(logits, config.top_k), logits, -jnp.inf)
+    probs = jax.nn.softmax(logits, axis=-1)
+    if config.top_p < 1.0:
+        probs = jnp.where(_top_p_mask(probs, config.top_p), probs, 0.0)
+        probs = probs / probs.sum(axis=-1, keepdims=True)
+    return probs
+
+
+def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
+    """One token per row from probabilities [..., V] -> int32 [...]. Zero-mass ids never win."""
+    logp = jnp.where(probs > 0, jnp.log(jnp.maximum(probs, 1e-38)), -jnp.inf)
+    return jax.random.categorical(key, logp, axis=-1).astype(jnp.int32)
+
+
+def sample_rows(keys: jax.Array, probs: jax.Array) -> jax.Array:
+    """keys [B] (one per row), probs [B, V] -> tokens int32 [B]."""
+    return jax.vmap(sample)(keys, probs)

@@ -1,0 +1,100 @@
+"""The paper's analysis (Leviathan et al., 2023, Section 3) and a measured cost model.
+
+Notation as in the paper: β = Σ_x min(p(x), q(x)) is the acceptance probability at
+one position (Definition 3.1), α = E[β] (Definition 3.2), γ the draft length, c the
+ratio of one draft step's time to one target step's time, ĉ the same ratio for
+arithmetic operations.
+
+The paper assumes verifying γ+1 tokens costs one target step. On CPUs (and on
+accelerators at large batch) it does not, so :func:`predicted_speedup` replaces c by
+measured per-call times: target at k tokens, draft per step, and loop overhead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import jax.numpy as jnp
+import numpy as np
+
+
+def beta(target_probs, draft_probs):
+    """β per position: Σ_x min(p(x), q(x)) over the last axis ([..., V] -> [...])."""
+    return jnp.minimum(jnp.asarray(target_probs), jnp.asarray(draft_probs)).sum(-1)
+
+
+def alpha(target_probs, draft_probs) -> float:
+    """α = E[β], the mean of β over every position given."""
+    return float(jnp.mean(beta(target_probs, draft_probs)))
+
+
+def expected_tokens(alpha: float, gamma: int) -> float:
+    """Expected tokens per iteration, (1 − α^(γ+1)) / (1 − α) (Equation 1); γ+1 at α = 1."""
+    _check(alpha, gamma)
+    if alpha == 1.0:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+def walltime_improvement(alpha: float, gamma: int, c: float) -> float:
+    """Expected wall-time improvement, (1 − α^(γ+1)) / ((1 − α)(γc + 1)) (Theorem 3.8)."""
+    if c < 0:
+        raise ValueError(f"cost coefficient c must be >= 0, got {c}")
+    return expected_tokens(alpha, gamma) / (gamma * c + 1.0)
+
+
+def arithmetic_ops_increase(alpha: float, gamma: int, c_hat: float) -> float:
+    """Expected factor of increase in arithmetic operations (Theorem 3.11):
+    (1 − α)(γĉ + γ + 1) / (1 − α^(γ+1))."""
+    return (gamma * c_hat + gamma + 1.0) / expected_tokens(alpha, gamma)
+
+
+def optimal_gamma(alpha: float, c: float, *, max_gamma: int = 64) -> int:
+    """The integer γ ≥ 1 maximising :func:`walltime_improvement` (Section 3.4)."""
+    gammas = range(1, max_gamma + 1)
+    return max(gammas, key=lambda g: walltime_improvement(alpha, g, c))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepCosts:
+    """Measured per-call wall times, seconds."""
+
+    target_s: Mapping[int, float]  # target call time by number of tokens k (k=1..γ+1)
+    draft_step_s: float  # one draft decode step
+    overhead_s: float = 0.0  # per iteration, outside model calls (accept, commit, loop)
+
+    @property
+    def c(self) -> float:
+        """The paper's cost coefficient: draft step over target step at k=1."""
+        return self.draft_step_s / self.target_s[1]
+
+
+def predicted_speedup(alpha: float, gamma: int, costs: StepCosts) -> float:
+    """Speedup over target-only decoding predicted from measured costs.
+
+    One iteration costs γ draft steps + one target call on γ+1 tokens + overhead and
+    yields :func:`expected_tokens` tokens; target-only decoding costs target_s[1] per
+    token. With target_s[γ+1] = target_s[1] and no overhead this is Theorem 3.8.
+    """
+    if gamma + 1 not in costs.target_s:
+        raise ValueError(
+            f"no measured target time for k={gamma + 1} tokens; have k in {sorted(costs.target_s)}"
+        )
+    iteration_s = gamma * costs.draft_step_s + costs.target_s[gamma + 1] + costs.overhead_s
+    return expected_tokens(alpha, gamma) * costs.target_s[1] / iteration_s
+
+
+def best_gamma(alpha: float, costs: StepCosts) -> int:
+    """The γ with the highest :func:`predicted_speedup` among the measured k = γ+1."""
+    gammas = [k - 1 for k in costs.target_s if k >= 2]
+    if not gammas:
+        raise ValueError("need target times for at least one k >= 2")
+    return max(gammas, key=lambda g: predicted_speedup(alpha, g, costs))
+
+
+def _check(alpha: float, gamma: int) -> None:
+    if not 0.0 <= alpha <= 1.0 or np.isnan(alpha):
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    if gamma < 1:
+        raise ValueError(f"gamma must be >= 1, got {gamma}")
