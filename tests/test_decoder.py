@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_core.models import api, decoder, layers
+from specdec_core.models import api, decoder, layers, registry
 
 
 def assert_cached_matches_uncached(
@@ -180,10 +180,16 @@ def test_param_counts_of_tiny_configs():
     # gpt: wte 37·16 + wpe 40·16 + per layer (2 LN 4·16, qkv 3·(16·15+15), out 15·16+16,
     #      wi 16·24+24, wo 24·16+16) + final LN 2·16
     gpt_layer = 4 * 16 + 3 * (16 * 15 + 15) + 15 * 16 + 16 + 16 * 24 + 24 + 24 * 16 + 16
-    assert decoder.param_count(tiny_config("gpt")) == 37 * 16 + 40 * 16 + 2 * gpt_layer + 32
+    assert (
+        registry.count_params(decoder.init_params, tiny_config("gpt"))
+        == 37 * 16 + 40 * 16 + 2 * gpt_layer + 32
+    )
     # lamda: embedding + relpos 3·8 + per layer (2 norms, 4 projections, 3 MLP kernels) + norm
     lamda_layer = 2 * 16 + 4 * 16 * 15 + 3 * 16 * 24
-    assert decoder.param_count(tiny_config("lamda")) == 37 * 16 + 3 * 8 + 2 * lamda_layer + 16
+    assert (
+        registry.count_params(decoder.init_params, tiny_config("lamda"))
+        == 37 * 16 + 3 * 8 + 2 * lamda_layer + 16
+    )
 
 
 def test_gpt_cache_longer_than_positions_is_rejected():

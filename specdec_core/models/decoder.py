@@ -203,12 +203,6 @@ def _init_lamda(config, k_embed, k_relpos, k_layers):
     return tree
 
 
-def param_count(config: DecoderConfig) -> int:
-    """Number of parameters of ``init_params(config, ·)``, from shapes only (no memory)."""
-    shapes = jax.eval_shape(functools.partial(init_params, config), jax.random.key(0))
-    return sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes))
-
-
 def init_cache(config: DecoderConfig, batch_size: int, max_len: int) -> DecoderCache:
     """An empty cache: zero K/V buffers [B, max_len, H, D] per layer, every row at length 0."""
     if config.variant == "gpt" and max_len > config.max_len:
