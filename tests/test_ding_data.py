@@ -178,3 +178,16 @@ def test_prepare_errors_name_the_problem(tmp_path):
         ding.prepare(dictionary, tmp_path / "out")
     with pytest.raises(FileNotFoundError, match=f"no test.tsv or test.tsv.gz in {tmp_path}"):
         ding.read_split(tmp_path, "test")
+
+
+def test_pick_samples_keeps_clean_moderate_sentences_in_hash_order():
+    pairs = [(f"This is sample sentence {i}.", f"Das ist Beispielsatz {i}.") for i in range(10)]
+    pairs += [
+        ("Too short.", "Zu kurz."),
+        ("He said 'no' to that.", "Er sagte „nein“ dazu."),
+        ("not a sentence at all", "kein Satz"),
+    ]
+    samples = ding.pick_samples(pairs, n=4)
+    assert len(samples) == 4
+    assert set(samples) < set(pairs[:10])
+    assert samples == ding.pick_samples(list(reversed(pairs)), n=4)

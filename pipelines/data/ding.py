@@ -392,6 +392,31 @@ def _write_outputs(
     counts_path.write_text(json.dumps(counts, indent=2, ensure_ascii=False) + "\n")
 
 
+def pick_samples(
+    pairs: Sequence[tuple[str, str]], n: int = 50, *, min_words: int = 4, max_words: int = 20
+) -> list[tuple[str, str]]:
+    """``n`` full-sentence pairs of moderate length without quotes, chosen by hash order."""
+    quotes = "\"'„“”‘»«"
+    candidates = [
+        (english, german)
+        for english, german in pairs
+        if is_sentence_pair((english, german))
+        and min_words <= len(english.split()) <= max_words
+        and not any(char in quotes for char in english + german)
+    ]
+    return sorted(candidates, key=lambda pair: hash_fraction(pair[0], "samples"))[:n]
+
+
+def write_samples(data_dir: str | pathlib.Path, samples_dir: str | pathlib.Path) -> None:
+    """Writes ``en_sentences.txt`` and ``en_de_sample.tsv`` from the test split."""
+    samples = pick_samples(read_split(data_dir, "test"))
+    samples_dir = pathlib.Path(samples_dir)
+    samples_dir.mkdir(parents=True, exist_ok=True)
+    text = "".join(f"{english}\n" for english, _ in samples)
+    (samples_dir / "en_sentences.txt").write_text(text, encoding="utf-8")
+    write_split(samples_dir / "en_de_sample.tsv", samples)
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     """Command line: ``python -m pipelines.data.ding --output data/ding``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -406,8 +431,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
         help="splits to write as .tsv.gz (e.g. --gzip train); the others are plain .tsv",
     )
     parser.add_argument("--counts", default=None, help="counts JSON (default OUTPUT/counts.json)")
+    parser.add_argument("--samples", default=None, help="also write 50 test sentences here")
     args = parser.parse_args(argv)
     counts = prepare(args.dictionary, args.output, compress=args.gzip, counts_path=args.counts)
+    if args.samples:
+        write_samples(args.output, args.samples)
     print(json.dumps({k: counts[k] for k in ("unique_pairs", "split_pairs", "split_sentences")}))
     return counts
 
