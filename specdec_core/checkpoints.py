@@ -1,0 +1,440 @@
+"""Reading and writing T5X checkpoints; importing HuggingFace T5 weights.
+
+T5X layouts read by ``load_t5x`` (all return the ``target`` params tree with T5X names):
+
+- **inline msgpack**: ``checkpoint`` is a flax msgpack of ``{'version', 'optimizer':
+  {'target': params, 'state': ...}}`` with every array inline;
+- **tensorstore** (classic ``t5x.checkpoints.Checkpointer``): the same msgpack whose
+  leaves are tensorstore spec dicts; a ``file`` kvstore path is relative to the
+  checkpoint folder and names a zarr folder beside the ``checkpoint`` file;
+- **Orbax** (T5X's default today): ``state/`` with ``_METADATA``; params live under the
+  ``target`` key, stored as zarr arrays in an OCDBT store (or one folder per array).
+
+``save_t5x`` writes the classic tensorstore layout. ``import_hf_t5`` maps a
+``T5ForConditionalGeneration`` state dict (torch tensors, numpy arrays or a safetensors
+file/folder) into the same tree. Nothing here unpickles anything: msgpack, zarr and
+safetensors only. Every failure raises ``CheckpointError`` naming the path and, where
+there is one, the parameter.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import re
+import shutil
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import flax.serialization
+import jax
+import numpy as np
+import tensorstore as ts
+
+T5X_CHECKPOINT_VERSION = 3  # t5x.checkpoints.VERSION
+_CHUNK_BYTES = 64 * 1024 * 1024  # T5X's target chunk size for zarr arrays
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, corrupt, truncated or does not match the expected params."""
+
+    def __init__(self, path, message: str, *, param: str | None = None):
+        self.path = str(path)
+        self.param = param
+        where = f"{self.path}" + (f" [parameter {param}]" if param else "")
+        super().__init__(f"{where}: {message}")
+
+
+# ------------------------------------------------------------------------ tree helpers
+
+
+def _flatten(tree: Mapping, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    """Nested dict -> {key path: leaf}; tensorstore spec dicts count as leaves."""
+    flat = {}
+    for key, value in tree.items():
+        path = (*prefix, str(key))
+        if isinstance(value, Mapping) and not _is_ts_spec(value):
+            flat.update(_flatten(value, path))
+        else:
+            flat[path] = value
+    return flat
+
+
+def _unflatten(flat: Mapping[tuple[str, ...], Any]) -> dict:
+    tree: dict = {}
+    for path, value in flat.items():
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return tree
+
+
+def _name(path: Iterable[str]) -> str:
+    return "/".join(path)
+
+
+def _is_ts_spec(value: Any) -> bool:
+    return isinstance(value, Mapping) and "driver" in value and "kvstore" in value
+
+
+# ----------------------------------------------------------------------------- load
+
+
+def load_t5x(path, *, like=None) -> dict:
+    """Reads the ``target`` params of a T5X checkpoint in any of the three layouts.
+
+    ``path``: a ``checkpoint_<step>`` folder, its ``checkpoint`` file, its Orbax
+    ``state`` folder, or a model folder holding ``checkpoint_<step>`` folders (the
+    highest step is read). ``like``: optional params tree (arrays or
+    ``jax.ShapeDtypeStruct``); when given, missing/extra parameters and shape
+    mismatches raise ``CheckpointError``. Returns a nested dict of numpy arrays.
+    """
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise CheckpointError(path, "no such file or folder")
+    path = _latest_step_dir(path)
+    if path.is_file():
+        params = _load_msgpack_checkpoint(path)
+    elif (path / "checkpoint").is_file():
+        params = _load_msgpack_checkpoint(path / "checkpoint")
+    elif (path / "state" / "_METADATA").is_file():
+        params = _load_orbax(path / "state")
+    elif (path / "_METADATA").is_file():
+        params = _load_orbax(path)
+    else:
+        raise CheckpointError(
+            path, "not a T5X checkpoint (no 'checkpoint' file and no Orbax 'state/_METADATA')"
+        )
+    if like is not None:
+        check_params(params, like, path=path)
+    return params
+
+
+def _latest_step_dir(path: pathlib.Path) -> pathlib.Path:
+    """A model folder with ``checkpoint_<step>`` subfolders -> the highest step's folder."""
+    if not path.is_dir() or (path / "checkpoint").exists() or (path / "state").exists():
+        return path
+    steps = [
+        (int(m.group(1)), child)
+        for child in path.iterdir()
+        if (m := re.fullmatch(r"checkpoint_(\d+)", child.name)) and child.is_dir()
+    ]
+    return max(steps)[1] if steps else path
+
+
+def _load_msgpack_checkpoint(file: pathlib.Path) -> dict:
+    """Inline or tensorstore-leaf msgpack checkpoint -> target params (numpy)."""
+    try:
+        state = flax.serialization.msgpack_restore(file.read_bytes())
+    except Exception as err:  # msgpack raises several unrelated types on bad bytes
+        raise CheckpointError(file, f"cannot decode msgpack ({type(err).__name__}: {err})") from err
+    if not isinstance(state, Mapping):
+        raise CheckpointError(file, "msgpack does not hold a T5X state dict")
+    target = _target_of(state, file)
+    flat = _flatten(target)
+    out = {}
+    for key_path, leaf in flat.items():
+        name = _name(key_path)
+        if _is_ts_spec(leaf):
+            out[key_path] = _read_ts_leaf(leaf, base_dir=file.parent, name=name, file=file)
+        elif isinstance(leaf, np.ndarray | np.generic | int | float):
+            out[key_path] = np.asarray(leaf)
+        else:
+            raise CheckpointError(
+                file, f"unexpected leaf of type {type(leaf).__name__}", param=name
+            )
+    return _unflatten(out)
+
+
+def _target_of(state: Mapping, file) -> Mapping:
+    if isinstance(state.get("optimizer"), Mapping) and "target" in state["optimizer"]:
+        return state["optimizer"]["target"]
+    if isinstance(state.get("target"), Mapping):
+        return state["target"]
+    raise CheckpointError(file, f"no 'optimizer/target' params; top-level keys {sorted(state)}")
+
+
+def _read_ts_leaf(spec: Mapping, *, base_dir: pathlib.Path, name: str, file) -> np.ndarray:
+    """Opens a T5X tensorstore spec whose ``file`` kvstore path is relative to base_dir."""
+    spec = json.loads(json.dumps(spec, default=_json_default))  # deep copy, plain types
+    kvstore = spec["kvstore"]
+    if kvstore.get("driver") == "file" and not os.path.isabs(kvstore["path"]):
+        kvstore["path"] = str(base_dir / kvstore["path"])
+    location = kvstore.get("path", "")
+    try:
+        return ts.open(spec, open=True, read=True).result().read().result()
+    except Exception as err:
+        raise CheckpointError(location or file, f"cannot read array: {err}", param=name) from err
+
+
+def _json_default(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, bytes):
+        return value.decode()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def _load_orbax(state_dir: pathlib.Path) -> dict:
+    """Orbax PyTree checkpoint (zarr arrays, OCDBT or per-array folders) -> target params."""
+    try:
+        metadata = json.loads((state_dir / "_METADATA").read_text())
+        tree_metadata = metadata["tree_metadata"]
+    except (OSError, ValueError, KeyError) as err:
+        raise CheckpointError(
+            state_dir / "_METADATA", f"cannot read Orbax metadata: {err}"
+        ) from err
+    driver = "zarr3" if metadata.get("use_zarr3") else "zarr"
+    out = {}
+    for entry in tree_metadata.values():
+        keys = tuple(str(k["key"]) for k in entry["key_metadata"])
+        if keys[0] != "target":
+            continue
+        name = _name(keys[1:])
+        array_key = ".".join(keys)
+        if metadata.get("use_ocdbt", True):
+            kvstore = {"driver": "ocdbt", "base": f"file://{state_dir}/", "path": f"{array_key}/"}
+        else:
+            kvstore = {"driver": "file", "path": str(state_dir / array_key)}
+        try:
+            array = ts.open({"driver": driver, "kvstore": kvstore}, open=True).result()
+            out[keys[1:]] = array.read().result()
+        except Exception as err:
+            raise CheckpointError(state_dir, f"cannot read array: {err}", param=name) from err
+    if not out:
+        raise CheckpointError(state_dir, "Orbax checkpoint has no 'target' params")
+    return _unflatten(out)
+
+
+def check_params(params: Mapping, like: Mapping, *, path="<params>") -> None:
+    """Raises ``CheckpointError`` unless ``params`` has exactly ``like``'s names and shapes."""
+    got, want = _flatten(params), _flatten(like)
+    missing = sorted(set(want) - set(got))
+    if missing:
+        raise CheckpointError(path, "missing from the checkpoint", param=_name(missing[0]))
+    extra = sorted(set(got) - set(want))
+    if extra:
+        raise CheckpointError(path, "not expected by the model", param=_name(extra[0]))
+    for key_path, expected in want.items():
+        if tuple(np.shape(got[key_path])) != tuple(expected.shape):
+            raise CheckpointError(
+                path,
+                f"shape {tuple(np.shape(got[key_path]))} != expected {tuple(expected.shape)}",
+                param=_name(key_path),
+            )
+
+
+# ----------------------------------------------------------------------------- save
+
+
+def save_t5x(params: Mapping, directory, *, step: int) -> pathlib.Path:
+    """Writes ``params`` as a classic T5X tensorstore checkpoint; returns its folder.
+
+    Layout: ``directory/checkpoint_<step>/checkpoint`` (msgpack ``{'version': 3,
+    'optimizer': {'target': <tensorstore specs>, 'state': {'step': step}}}``) plus one
+    gzip zarr v2 folder per parameter named ``target.<dotted.path>``. There is no
+    optimizer state: T5X restores it from scratch (``fallback_to_scratch``) or reads
+    the params alone (``t5x.checkpoints.load_t5x_checkpoint``). The folder appears
+    atomically (written under a temporary name, then renamed).
+    """
+    final_dir = pathlib.Path(directory) / f"checkpoint_{step}"
+    tmp_dir = final_dir.with_name(f"{final_dir.name}.tmp-{int(time.time() * 1e6)}")
+    tmp_dir.mkdir(parents=True)
+    specs = {}
+    for key_path, value in _flatten(params).items():
+        array = np.asarray(jax.device_get(value))
+        specs[key_path] = _write_zarr(array, tmp_dir, "target." + ".".join(key_path))
+    state = {
+        "version": T5X_CHECKPOINT_VERSION,
+        "optimizer": {"target": _unflatten(specs), "state": {"step": np.int32(step)}},
+    }
+    (tmp_dir / "checkpoint").write_bytes(flax.serialization.msgpack_serialize(state))
+    if final_dir.exists():
+        shutil.rmtree(final_dir)
+    tmp_dir.rename(final_dir)
+    return final_dir
+
+
+def _write_zarr(array: np.ndarray, directory: pathlib.Path, folder: str) -> dict:
+    """Writes one gzip zarr v2 array; returns T5X's spec dict with a relative path."""
+    metadata = {
+        "chunks": list(_chunk_shape(array.shape, array.dtype.itemsize)),
+        "compressor": {"id": "gzip", "level": 1},
+        "shape": list(array.shape),
+    }
+    dtype = "bfloat16" if array.dtype.name == "bfloat16" else array.dtype.name
+    spec = {
+        "driver": "zarr",
+        "dtype": dtype,
+        "kvstore": {"driver": "file", "path": f"{folder}/"},
+        "metadata": metadata,
+    }
+    write_spec = json.loads(json.dumps(spec))
+    write_spec["kvstore"]["path"] = str(directory / folder)
+    store = ts.open(write_spec, create=True, open=True).result()
+    store.write(array).result()
+    return spec
+
+
+def _chunk_shape(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    """Halves the largest dimension until a chunk holds at most 64 MiB."""
+    chunk = list(shape) or []
+    while chunk and math.prod(chunk) * itemsize > _CHUNK_BYTES:
+        largest = int(np.argmax(chunk))
+        chunk[largest] = (chunk[largest] + 1) // 2
+    return tuple(chunk)
+
+
+# ------------------------------------------------------------------------ HF import
+
+
+def _load_state_dict(state_dict_or_path) -> tuple[dict[str, np.ndarray], str]:
+    """A state dict (torch tensors / arrays) or safetensors file/folder -> numpy, source."""
+    if isinstance(state_dict_or_path, Mapping):
+        return {k: _to_numpy(v) for k, v in state_dict_or_path.items()}, "<state dict>"
+    path = pathlib.Path(state_dict_or_path)
+    files = [path] if path.is_file() else sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(path, "no .safetensors file found")
+    from safetensors import safe_open  # the 'hf' extra
+
+    tensors = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="flax") as reader:
+                for key in reader.keys():
+                    tensors[key] = np.asarray(reader.get_tensor(key), dtype=np.float32)
+        except Exception as err:
+            raise CheckpointError(file, f"cannot read safetensors: {err}") from err
+    return tensors, str(path)
+
+
+def _to_numpy(value) -> np.ndarray:
+    if hasattr(value, "detach"):  # a torch tensor; no torch import needed
+        return value.detach().cpu().float().numpy()
+    return np.asarray(value, dtype=np.float32)
+
+
+def import_hf_t5(state_dict_or_path) -> dict:
+    """HuggingFace ``T5ForConditionalGeneration`` (T5 1.1, gated-gelu) -> T5X params tree.
+
+    Linear weights [out, in] become kernels [in, out]; relative attention biases
+    [num_buckets, H] become ``rel_embedding`` [H, num_buckets]; ``lm_head`` becomes
+    ``decoder/logits_dense`` (absent when the checkpoint ties it to ``shared``: then use
+    ``logits_via_embedding=True``). Layer counts come from the names present.
+    """
+    tensors, source = _load_state_dict(state_dict_or_path)
+    used: set[str] = set()
+
+    def take(name: str, *, transpose: bool = True) -> np.ndarray:
+        if name not in tensors:
+            raise CheckpointError(source, "missing from the HF state dict", param=name)
+        used.add(name)
+        return tensors[name].T if transpose else tensors[name]
+
+    params = {
+        "token_embedder": {"embedding": take("shared.weight", transpose=False)},
+        "encoder": _hf_t5_stack(take, tensors, "encoder"),
+        "decoder": _hf_t5_stack(take, tensors, "decoder"),
+    }
+    if "lm_head.weight" in tensors:
+        params["decoder"]["logits_dense"] = {"kernel": take("lm_head.weight")}
+    ignorable = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight"}
+    unused = sorted(set(tensors) - used - ignorable)
+    if unused:
+        raise CheckpointError(source, "HF tensor not mapped to any T5X parameter", param=unused[0])
+    return params
+
+
+# HF T5 sublayers per block: (T5X block name, HF module name, T5X pre-norm name)
+_HF_T5_SUBLAYERS = {
+    "encoder": (
+        ("attention", "SelfAttention", "pre_attention_layer_norm"),
+        ("mlp", "DenseReluDense", "pre_mlp_layer_norm"),
+    ),
+    "decoder": (
+        ("self_attention", "SelfAttention", "pre_self_attention_layer_norm"),
+        ("encoder_decoder_attention", "EncDecAttention", "pre_cross_attention_layer_norm"),
+        ("mlp", "DenseReluDense", "pre_mlp_layer_norm"),
+    ),
+}
+_HF_ATTENTION = (("query", "q"), ("key", "k"), ("value", "v"), ("out", "o"))
+_HF_MLP = ("wi_0", "wi_1", "wi", "wo")
+
+
+def _hf_t5_stack(take, tensors: Mapping, stack: str) -> dict:
+    """One HF T5 stack (``encoder`` or ``decoder``) -> T5X's subtree."""
+    blocks = {m.group(1) for k in tensors if (m := re.match(rf"{stack}\.block\.(\d+)\.", k))}
+    if not blocks:
+        raise CheckpointError("<state dict>", f"no {stack} blocks", param=f"{stack}.block.0")
+    rel = take(f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight")
+    tree = {"relpos_bias": {"rel_embedding": rel}}
+    for i in range(len(blocks)):
+        layer = {}
+        for sub, (t5x_name, hf_name, norm_name) in enumerate(_HF_T5_SUBLAYERS[stack]):
+            prefix = f"{stack}.block.{i}.layer.{sub}.{hf_name}"
+            norm = take(f"{stack}.block.{i}.layer.{sub}.layer_norm.weight", transpose=False)
+            layer[norm_name] = {"scale": norm}
+            if hf_name == "DenseReluDense":
+                present = [n for n in _HF_MLP if f"{prefix}.{n}.weight" in tensors]
+                layer[t5x_name] = {n: {"kernel": take(f"{prefix}.{n}.weight")} for n in present}
+            else:
+                layer[t5x_name] = {
+                    ours: {"kernel": take(f"{prefix}.{theirs}.weight")}
+                    for ours, theirs in _HF_ATTENTION
+                }
+        tree[f"layers_{i}"] = layer
+    final = take(f"{stack}.final_layer_norm.weight", transpose=False)
+    tree["encoder_norm" if stack == "encoder" else "decoder_norm"] = {"scale": final}
+    return tree
+
+
+# HF T5Config.feed_forward_proj -> T5X mlp_activations (HF's plain "gelu" is exact GELU)
+_HF_FEED_FORWARD = {
+    "gated-gelu": ("gelu", "linear"),
+    "gated-silu": ("silu", "linear"),
+    "relu": ("relu",),
+    "gelu": ("gelu_exact",),
+}
+
+
+def t5_config_from_hf(hf_config, *, logits_via_embedding: bool = False) -> Any:
+    """A ``transformers.T5Config`` (or its dict) -> ``specdec_core.models.t5.T5Config``.
+
+    ``logits_via_embedding``: True when the checkpoint has no separate ``lm_head``
+    (transformers 5.x configs always say ``tie_word_embeddings``, so it cannot be read
+    from the config). HF's non-gated ``gelu`` is the exact GELU; gated-gelu uses tanh.
+    """
+    from specdec_core.models.t5 import MAX_DISTANCE, NUM_BUCKETS, T5Config
+
+    get = (
+        hf_config.get
+        if isinstance(hf_config, Mapping)
+        else lambda k, d=None: getattr(hf_config, k, d)
+    )
+    buckets = (
+        get("relative_attention_num_buckets", 32),
+        get("relative_attention_max_distance", 128),
+    )
+    if buckets != (NUM_BUCKETS, MAX_DISTANCE):
+        raise CheckpointError("<hf config>", f"relative attention buckets {buckets} unsupported")
+    proj = get("feed_forward_proj", "relu")
+    activations = _HF_FEED_FORWARD.get(proj)
+    if activations is None:
+        raise CheckpointError("<hf config>", f"feed_forward_proj {proj!r} unsupported")
+    num_layers = get("num_layers")
+    return T5Config(
+        vocab_size=get("vocab_size"),
+        emb_dim=get("d_model"),
+        num_heads=get("num_heads"),
+        num_encoder_layers=num_layers,
+        num_decoder_layers=get("num_decoder_layers") or num_layers,
+        head_dim=get("d_kv"),
+        mlp_dim=get("d_ff"),
+        mlp_activations=activations,
+        logits_via_embedding=logits_via_embedding,
+    )
