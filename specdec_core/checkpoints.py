@@ -12,7 +12,8 @@ T5X layouts read by ``load_t5x`` (all return the ``target`` params tree with T5X
 
 ``save_t5x`` writes the classic tensorstore layout. ``import_hf_t5`` maps a
 ``T5ForConditionalGeneration`` state dict (torch tensors, numpy arrays or a safetensors
-file/folder) into the same tree. Nothing here unpickles anything: msgpack, zarr and
+file/folder) into the same tree; ``import_hf_gpt2`` maps ``GPT2LMHeadModel`` into the
+gpt tree of ``specdec_core.models.decoder``. Nothing here unpickles anything: msgpack, zarr and
 safetensors only. Every failure raises ``CheckpointError`` naming the path and, where
 there is one, the parameter.
 """
@@ -319,6 +320,25 @@ def _to_numpy(value) -> np.ndarray:
     return np.asarray(value, dtype=np.float32)
 
 
+def _taker(tensors: Mapping[str, np.ndarray], source: str):
+    """``take(name, transpose=True)`` reading ``tensors`` and recording names in ``used``."""
+    used: set[str] = set()
+
+    def take(name: str, *, transpose: bool = True) -> np.ndarray:
+        if name not in tensors:
+            raise CheckpointError(source, "missing from the HF state dict", param=name)
+        used.add(name)
+        return tensors[name].T if transpose else tensors[name]
+
+    return take, used
+
+
+def _check_all_used(tensors: Mapping, used: set[str], source: str, ignorable: Iterable[str]):
+    unused = sorted(set(tensors) - used - set(ignorable))
+    if unused:
+        raise CheckpointError(source, "HF tensor not mapped to any parameter", param=unused[0])
+
+
 def import_hf_t5(state_dict_or_path) -> dict:
     """HuggingFace ``T5ForConditionalGeneration`` (T5 1.1, gated-gelu) -> T5X params tree.
 
@@ -328,14 +348,7 @@ def import_hf_t5(state_dict_or_path) -> dict:
     ``logits_via_embedding=True``). Layer counts come from the names present.
     """
     tensors, source = _load_state_dict(state_dict_or_path)
-    used: set[str] = set()
-
-    def take(name: str, *, transpose: bool = True) -> np.ndarray:
-        if name not in tensors:
-            raise CheckpointError(source, "missing from the HF state dict", param=name)
-        used.add(name)
-        return tensors[name].T if transpose else tensors[name]
-
+    take, used = _taker(tensors, source)
     params = {
         "token_embedder": {"embedding": take("shared.weight", transpose=False)},
         "encoder": _hf_t5_stack(take, tensors, "encoder"),
@@ -343,10 +356,8 @@ def import_hf_t5(state_dict_or_path) -> dict:
     }
     if "lm_head.weight" in tensors:
         params["decoder"]["logits_dense"] = {"kernel": take("lm_head.weight")}
-    ignorable = {"encoder.embed_tokens.weight", "decoder.embed_tokens.weight"}
-    unused = sorted(set(tensors) - used - ignorable)
-    if unused:
-        raise CheckpointError(source, "HF tensor not mapped to any T5X parameter", param=unused[0])
+    ignorable = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+    _check_all_used(tensors, used, source, ignorable)
     return params
 
 
@@ -411,11 +422,7 @@ def t5_config_from_hf(hf_config, *, logits_via_embedding: bool = False) -> Any:
     """
     from specdec_core.models.t5 import MAX_DISTANCE, NUM_BUCKETS, T5Config
 
-    get = (
-        hf_config.get
-        if isinstance(hf_config, Mapping)
-        else lambda k, d=None: getattr(hf_config, k, d)
-    )
+    get = _config_getter(hf_config)
     buckets = (
         get("relative_attention_num_buckets", 32),
         get("relative_attention_max_distance", 128),
@@ -438,3 +445,99 @@ def t5_config_from_hf(hf_config, *, logits_via_embedding: bool = False) -> Any:
         mlp_activations=activations,
         logits_via_embedding=logits_via_embedding,
     )
+
+
+# ------------------------------------------------------------------------- GPT-2
+
+
+def import_hf_gpt2(state_dict_or_path) -> dict:
+    """HuggingFace ``GPT2LMHeadModel`` (or ``GPT2Model``) -> the decoder-only gpt tree.
+
+    The tree is ``specdec_core.models.decoder``'s (``variant="gpt"``). HF's Conv1D
+    weights are already [in, out]; ``c_attn`` [E, 3E] is split into query/key/value.
+    ``lm_head`` is tied to ``wte`` and not read; attention mask buffers are ignored.
+    """
+    tensors, source = _load_state_dict(state_dict_or_path)
+    if any(k.startswith("transformer.") for k in tensors):
+        tensors = {k.removeprefix("transformer."): v for k, v in tensors.items()}
+    take, used = _taker(tensors, source)
+    blocks = {m.group(1) for k in tensors if (m := re.match(r"h\.(\d+)\.", k))}
+    if not blocks:
+        raise CheckpointError(source, "no GPT-2 blocks", param="h.0")
+    tree = {
+        "token_embedder": {"embedding": take("wte.weight", transpose=False)},
+        "position_embedder": {"embedding": take("wpe.weight", transpose=False)},
+    }
+    for i in range(len(blocks)):
+        tree[f"layers_{i}"] = _hf_gpt2_block(take, f"h.{i}")
+    tree["decoder_norm"] = _hf_layer_norm(take, "ln_f")
+    buffers = [k for k in tensors if re.fullmatch(r"h\.\d+\.attn\.(masked_)?bias", k)]
+    _check_all_used(tensors, used, source, [*buffers, "lm_head.weight"])
+    return {"decoder": tree}
+
+
+def _hf_layer_norm(take, prefix: str) -> dict:
+    return {
+        "scale": take(f"{prefix}.weight", transpose=False),
+        "bias": take(f"{prefix}.bias", transpose=False),
+    }
+
+
+def _hf_conv1d(take, prefix: str) -> dict:
+    """HF Conv1D: weight [in, out] (no transpose), bias [out]."""
+    return {
+        "kernel": take(f"{prefix}.weight", transpose=False),
+        "bias": take(f"{prefix}.bias", transpose=False),
+    }
+
+
+def _hf_gpt2_block(take, prefix: str) -> dict:
+    qkv = _hf_conv1d(take, f"{prefix}.attn.c_attn")
+    kernels = np.split(qkv["kernel"], 3, axis=-1)  # 3 x [E, H*D]
+    biases = np.split(qkv["bias"], 3, axis=-1)
+    attention = {
+        name: {"kernel": kernel, "bias": bias}
+        for name, kernel, bias in zip(("query", "key", "value"), kernels, biases, strict=True)
+    }
+    attention["out"] = _hf_conv1d(take, f"{prefix}.attn.c_proj")
+    return {
+        "pre_self_attention_layer_norm": _hf_layer_norm(take, f"{prefix}.ln_1"),
+        "self_attention": attention,
+        "pre_mlp_layer_norm": _hf_layer_norm(take, f"{prefix}.ln_2"),
+        "mlp": {
+            "wi": _hf_conv1d(take, f"{prefix}.mlp.c_fc"),
+            "wo": _hf_conv1d(take, f"{prefix}.mlp.c_proj"),
+        },
+    }
+
+
+def gpt2_config_from_hf(hf_config) -> Any:
+    """A ``transformers.GPT2Config`` -> ``specdec_core.models.decoder.DecoderConfig``."""
+    from specdec_core.models.decoder import DecoderConfig
+
+    get = _config_getter(hf_config)
+    activation = get("activation_function", "gelu_new")
+    if activation not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise CheckpointError("<hf config>", f"activation_function {activation!r} unsupported")
+    for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+        if get(flag, False):
+            raise CheckpointError("<hf config>", f"{flag}=True unsupported")
+    if not get("scale_attn_weights", True):
+        raise CheckpointError("<hf config>", "scale_attn_weights=False unsupported")
+    emb_dim, num_heads = get("n_embd"), get("n_head")
+    return DecoderConfig(
+        variant="gpt",
+        vocab_size=get("vocab_size"),
+        emb_dim=emb_dim,
+        num_heads=num_heads,
+        num_layers=get("n_layer"),
+        head_dim=emb_dim // num_heads,
+        mlp_dim=get("n_inner") or 4 * emb_dim,
+        max_len=get("n_positions"),
+    )
+
+
+def _config_getter(hf_config):
+    if isinstance(hf_config, Mapping):
+        return hf_config.get
+    return lambda key, default=None: getattr(hf_config, key, default)

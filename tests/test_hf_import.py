@@ -8,7 +8,7 @@ import pytest
 
 from specdec_core import checkpoints
 from specdec_core.checkpoints import CheckpointError
-from specdec_core.models import t5
+from specdec_core.models import decoder, t5
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -99,3 +99,35 @@ def test_missing_hf_tensor_names_it(hf_model):
     state["encoder.block.0.layer.0.SelfAttention.extra.weight"] = torch.zeros(2)
     with pytest.raises(CheckpointError, match=r"SelfAttention\.extra\.weight.*not mapped"):
         checkpoints.import_hf_t5(state)
+
+
+def _tiny_hf_gpt2(*, seed: int = 0):
+    torch.manual_seed(seed)
+    config = transformers.GPT2Config(
+        vocab_size=53, n_positions=16, n_embd=12, n_layer=2, n_head=3, n_inner=20,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    model = transformers.GPT2LMHeadModel(config)
+    with torch.no_grad():
+        for param in model.parameters():  # nonzero biases and LayerNorm params too
+            param.normal_(0.0, 0.3)
+    return model.eval()
+
+
+def test_imported_gpt2_reproduces_hf_logits(tmp_path):
+    model = _tiny_hf_gpt2()
+    config = checkpoints.gpt2_config_from_hf(model.config)
+    assert (config.head_dim, config.mlp_dim, config.max_len) == (4, 20, 16)
+    params = checkpoints.import_hf_gpt2(model.state_dict())
+    like = jax.eval_shape(lambda: decoder.init_params(config, jax.random.key(0)))
+    checkpoints.check_params(params, like)
+    tokens = np.random.default_rng(1).integers(0, 53, size=(2, 9))
+    with torch.no_grad():
+        want = model(input_ids=torch.as_tensor(tokens)).logits.numpy()
+    got = decoder.score(config, params, tokens)
+    assert np.abs(want).max() > 0.5
+    np.testing.assert_allclose(np.asarray(got), want, atol=1e-4, rtol=1e-4)
+    model.save_pretrained(tmp_path)
+    from_file = checkpoints.import_hf_gpt2(tmp_path)
+    for a, b in zip(jax.tree.leaves(from_file), jax.tree.leaves(params), strict=True):
+        np.testing.assert_array_equal(a, b)
