@@ -97,12 +97,13 @@ def tiny_config(variant: str = "gpt", **overrides) -> decoder.DecoderConfig:
     return decoder.DecoderConfig(**(fields | overrides))
 
 
-def random_params(config: decoder.DecoderConfig, seed: int = 0):
-    """init_params with every leaf perturbed, so zero biases and unit norms are exercised."""
+def random_params(config: decoder.DecoderConfig, seed: int = 0, *, noise: float = 0.1):
+    """init_params with N(0, noise²) added to every leaf, so zero biases and unit norms are
+    exercised (and, with more noise, a random model's greedy output stops repeating)."""
     params = decoder.init_params(config, jax.random.key(seed))
     leaves, treedef = jax.tree_util.tree_flatten(params)
     keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
-    leaves = [x + 0.1 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
+    leaves = [x + noise * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
