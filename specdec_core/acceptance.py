@@ -40,48 +40,45 @@ class Verdict:
     next_token: jax.Array  # [B] int32: recovered token (n < γ) or bonus token (n = γ)
 
 
-def row_keys(key: jax.Array, batch_size: int) -> tuple[jax.Array, jax.Array]:
-    """One key (split per row) or keys [B] -> (uniform keys [B], token keys [B])."""
+def row_uniforms(key: jax.Array, batch_size: int, count: int) -> jax.Array:
+    """Uniforms [B, count] in [0, 1): from one key (split per row) or from keys [B]."""
     typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
     single = key.ndim == 0 if typed else key.shape == (2,)
     keys = jax.random.split(key, batch_size) if single else key
-    pairs = jax.vmap(lambda k: jax.random.split(k, 2))(keys)  # [B, 2]
-    return pairs[:, 0], pairs[:, 1]
+    return jax.vmap(lambda k: jax.random.uniform(k, (count,)))(keys)
 
 
 @jax.jit
 def count_accepted(
-    draft_token_probs: jax.Array, target_token_probs: jax.Array, uniform_keys: jax.Array
+    draft_token_probs: jax.Array, target_token_probs: jax.Array, uniforms: jax.Array
 ) -> jax.Array:
     """The accepted-prefix length per row.
 
     draft_token_probs:  [B, γ] q_i(x_i), the draft's probability of each drafted token.
     target_token_probs: [B, γ] p_i(x_i), the target's probability of the same token.
-    uniform_keys:       [B] PRNG keys, one per row.
+    uniforms:           [B, γ] u_i ~ U[0, 1).
     Returns n_accepted [B] int32.
     """
-    gamma = draft_token_probs.shape[1]
-    u = jax.vmap(lambda k: jax.random.uniform(k, (gamma,)))(uniform_keys)  # [B, γ]
     # u < p/q written without a division: with q = p every token passes (u < 1).
-    ok = u * draft_token_probs < target_token_probs  # [B, γ]
+    ok = uniforms * draft_token_probs < target_token_probs  # [B, γ]
     return jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
 
 
 @jax.jit
 def sample_next_token(
-    target_probs_at_n: jax.Array, draft_probs_at_n: jax.Array, token_keys: jax.Array
+    target_probs_at_n: jax.Array, draft_probs_at_n: jax.Array, uniforms: jax.Array
 ) -> jax.Array:
     """The recovered (or, with draft_probs_at_n = 0, bonus) token per row.
 
     target_probs_at_n: [B, V] p at the first rejected position (or p_{γ+1}).
     draft_probs_at_n:  [B, V] q at that position (zeros when all γ were accepted).
-    token_keys:        [B] PRNG keys.
+    uniforms:          [B] u ~ U[0, 1) for inverse-CDF sampling.
     """
     residual = jnp.maximum(target_probs_at_n - draft_probs_at_n, 0.0)  # [B, V]
     mass = residual.sum(axis=-1, keepdims=True)
     # A rejection implies mass > 0 in exact arithmetic; guard rounding with p itself.
-    residual = jnp.where(mass > 0, residual / jnp.maximum(mass, 1e-30), target_probs_at_n)
-    return sampling.sample_rows(token_keys, residual)
+    residual = jnp.where(mass > 0, residual, target_probs_at_n)
+    return sampling.sample_from_uniform(uniforms, residual)
 
 
 @jax.jit
@@ -97,14 +94,14 @@ def accept(
     Returns Verdict(n_accepted [B], next_token [B]).
     """
     batch, gamma = draft_tokens.shape
-    uniform_keys, token_keys = row_keys(key, batch)
+    uniforms = row_uniforms(key, batch, gamma + 1)  # [B, γ+1]
     idx = draft_tokens[..., None]
     q_tok = jnp.take_along_axis(draft_probs, idx, axis=-1)[..., 0]  # [B, γ]
     p_tok = jnp.take_along_axis(target_probs[:, :gamma], idx, axis=-1)[..., 0]  # [B, γ]
-    n_accepted = count_accepted(q_tok, p_tok, uniform_keys)
+    n_accepted = count_accepted(q_tok, p_tok, uniforms[:, :gamma])
     q_ext = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:, :1])], axis=1)
     rows = jnp.arange(batch)
     next_token = sample_next_token(
-        target_probs[rows, n_accepted], q_ext[rows, n_accepted], token_keys
+        target_probs[rows, n_accepted], q_ext[rows, n_accepted], uniforms[:, gamma]
     )
     return Verdict(n_accepted=n_accepted, next_token=next_token)

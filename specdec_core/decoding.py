@@ -67,7 +67,9 @@ class DecodeResult:
 def request_keys(seed: int, request_ids: jax.Array) -> jax.Array:
     """[B] PRNG keys, one per request id, from the job seed."""
     base = jax.random.key(seed)
-    return jax.vmap(lambda rid: jax.random.fold_in(base, rid))(jnp.asarray(request_ids, jnp.uint32))
+    return jax.vmap(lambda rid: jax.random.fold_in(base, rid))(
+        jnp.asarray(request_ids).astype(jnp.uint32)
+    )
 
 
 def _step_keys(state: DecodeState) -> jax.Array:
@@ -78,23 +80,36 @@ def _init_state(
     prompt_tokens, prompt_lengths, request_ids, *, seed, max_new_tokens, gamma
 ) -> DecodeState:
     batch = prompt_tokens.shape[0]
-    rows = jnp.arange(batch)
-    max_new = jnp.broadcast_to(jnp.asarray(max_new_tokens, jnp.int32), (batch,))
-    width = int(np.max(max_new_tokens)) + gamma + 1
-    zeros = jnp.zeros((batch,), jnp.int32)
-    return DecodeState(
-        out_tokens=jnp.zeros((batch, width), jnp.int32),
-        n_generated=zeros,
-        max_new=max_new,
-        done=max_new <= 0,
-        pending=prompt_tokens[rows, prompt_lengths - 1],
-        previous=prompt_tokens[rows, jnp.maximum(prompt_lengths - 2, 0)],
-        row_keys=request_keys(seed, request_ids),
-        iterations=zeros,
-        drafted=zeros,
-        accepted=zeros,
-        accepted_by_position=jnp.zeros((batch, gamma), jnp.int32),
+    max_new = np.broadcast_to(np.asarray(max_new_tokens, np.int32), (batch,))
+    width = int(max_new.max()) + gamma + 1
+    return _init_state_fn(width, gamma)(
+        prompt_tokens, prompt_lengths, np.asarray(request_ids, np.uint32), np.int32(seed), max_new
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _init_state_fn(width: int, gamma: int):
+    """One compiled call builds the whole state (a dozen tiny ops would each dispatch)."""
+
+    def init(prompt_tokens, prompt_lengths, request_ids, seed, max_new) -> DecodeState:
+        batch = prompt_tokens.shape[0]
+        rows = jnp.arange(batch)
+        zeros = jnp.zeros((batch,), jnp.int32)
+        return DecodeState(
+            out_tokens=jnp.zeros((batch, width), jnp.int32),
+            n_generated=zeros,
+            max_new=max_new,
+            done=max_new <= 0,
+            pending=prompt_tokens[rows, prompt_lengths - 1],
+            previous=prompt_tokens[rows, jnp.maximum(prompt_lengths - 2, 0)],
+            row_keys=request_keys(seed, request_ids),
+            iterations=zeros,
+            drafted=zeros,
+            accepted=zeros,
+            accepted_by_position=jnp.zeros((batch, gamma), jnp.int32),
+        )
+
+    return jax.jit(init)
 
 
 @functools.lru_cache(maxsize=128)
@@ -208,20 +223,21 @@ def _propose_fn(draft: Forward, gamma: int, config: sampling.SamplingConfig, fir
 
     def propose(cache, state: DecodeState):
         feed = state.pending[:, None] if first else jnp.stack([state.previous, state.pending], 1)
-        draft_keys = jax.vmap(lambda k: jax.random.split(k, gamma))(_step_keys(state))  # [B, γ]
+        draft_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(_step_keys(state))
+        uniforms = acceptance.row_uniforms(draft_keys, feed.shape[0], gamma)  # [B, γ]
         logits, cache = draft(cache, feed)
         probs = sampling.probs_from_logits(logits[:, -1], config)
-        token = sampling.sample_rows(draft_keys[:, 0], probs)
+        token = sampling.sample_from_uniform(uniforms[:, 0], probs)
 
-        def step(carry, keys):
+        def step(carry, u):
             cache, token = carry
             logits, cache = draft(cache, token[:, None])
             probs = sampling.probs_from_logits(logits[:, 0], config)
-            next_token = sampling.sample_rows(keys, probs)
+            next_token = sampling.sample_from_uniform(u, probs)
             return (cache, next_token), (next_token, probs)
 
         (cache, _), (tokens, probs_rest) = jax.lax.scan(
-            step, (cache, token), jnp.swapaxes(draft_keys[:, 1:], 0, 1)
+            step, (cache, token), jnp.swapaxes(uniforms[:, 1:], 0, 1)
         )
         draft_tokens = jnp.concatenate([token[:, None], jnp.swapaxes(tokens, 0, 1)], 1)
         draft_probs = jnp.concatenate([probs[:, None], jnp.swapaxes(probs_rest, 0, 1)], 1)
@@ -246,7 +262,7 @@ def _verify_commit_fn(eos_id: int | None):
     ):
         batch, gamma = draft_tokens.shape
         step_keys = _step_keys(state)
-        accept_keys = jax.vmap(lambda k: jax.random.fold_in(k, gamma + 1))(step_keys)
+        accept_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(step_keys)
         verdict = acceptance.accept(draft_tokens, draft_probs, target_probs, accept_keys)
         n = verdict.n_accepted
         block = jnp.concatenate([draft_tokens, jnp.zeros((batch, 1), jnp.int32)], 1)
@@ -313,12 +329,15 @@ def speculative_generate(
         max_new_tokens=max_new_tokens,
         gamma=gamma,
     )
+    t0 = time.perf_counter()
     target_cache = jax.block_until_ready(
         _prefill_fn(target)(target_cache, prompt_tokens, prompt_lengths)
     )
-    target_s = time.perf_counter() - start
-    draft_cache = _prefill_fn(draft)(draft_cache, prompt_tokens, prompt_lengths)
-    draft_s = time.perf_counter() - start - target_s
+    t1 = time.perf_counter()
+    draft_cache = jax.block_until_ready(
+        _prefill_fn(draft)(draft_cache, prompt_tokens, prompt_lengths)
+    )
+    target_s, draft_s = t1 - t0, time.perf_counter() - t1
     score = _score_fn(target, sampling_config)
     verify_commit = _verify_commit_fn(eos_id)
     all_done, first = bool(jnp.all(state.done)), True

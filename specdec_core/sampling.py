@@ -77,12 +77,26 @@ def probs_from_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
     return probs
 
 
+def sample_from_uniform(uniform: jax.Array, probs: jax.Array) -> jax.Array:
+    """Inverse-CDF sampling: u [...] in [0, 1), probs [..., V] -> int32 tokens [...].
+
+    Token i is chosen when cdf[i-1] <= u·total < cdf[i], which has probability p[i];
+    zero-mass ids never win. One uniform per token keeps the random draws cheap (a
+    Gumbel draw would need V of them).
+    """
+    cdf = jnp.cumsum(probs.astype(jnp.float32), axis=-1)  # [..., V]
+    threshold = uniform[..., None] * cdf[..., -1:]
+    token = jnp.sum(cdf <= threshold, axis=-1)
+    # Rounding can push u·total onto the last plateau: take the last id with mass.
+    last_with_mass = probs.shape[-1] - 1 - jnp.argmax((probs > 0)[..., ::-1], axis=-1)
+    return jnp.minimum(token, last_with_mass).astype(jnp.int32)
+
+
 def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
-    """One token per row from probabilities [..., V] -> int32 [...]. Zero-mass ids never win."""
-    logp = jnp.where(probs > 0, jnp.log(jnp.maximum(probs, 1e-38)), -jnp.inf)
-    return jax.random.categorical(key, logp, axis=-1).astype(jnp.int32)
+    """Tokens int32 [...] from probabilities [..., V], one shared key."""
+    return sample_from_uniform(jax.random.uniform(key, probs.shape[:-1]), probs)
 
 
 def sample_rows(keys: jax.Array, probs: jax.Array) -> jax.Array:
     """keys [B] (one per row), probs [B, V] -> tokens int32 [B]."""
-    return jax.vmap(sample)(keys, probs)
+    return sample_from_uniform(jax.vmap(lambda k: jax.random.uniform(k))(keys), probs)

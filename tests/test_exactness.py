@@ -98,14 +98,14 @@ def test_speculative_samples_follow_target_distribution(draft, config, gamma):
 def _biased_accept(draft_tokens, draft_probs, target_probs, key):
     """A wrong rule: after a rejection, resample from p instead of norm(max(0, p - q))."""
     batch, gamma = draft_tokens.shape
-    uniform_keys, token_keys = acceptance.row_keys(key, batch)
+    uniforms = acceptance.row_uniforms(key, batch, gamma + 1)
     idx = draft_tokens[..., None]
     q_tok = jnp.take_along_axis(draft_probs, idx, axis=-1)[..., 0]
     p_tok = jnp.take_along_axis(target_probs[:, :gamma], idx, axis=-1)[..., 0]
-    n_accepted = acceptance.count_accepted(q_tok, p_tok, uniform_keys)
+    n_accepted = acceptance.count_accepted(q_tok, p_tok, uniforms[:, :gamma])
     p_at_n = target_probs[jnp.arange(batch), n_accepted]
     return acceptance.Verdict(
-        n_accepted=n_accepted, next_token=sampling.sample_rows(token_keys, p_at_n)
+        n_accepted=n_accepted, next_token=sampling.sample_from_uniform(uniforms[:, gamma], p_at_n)
     )
 
 

@@ -5,7 +5,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specdec_core.sampling import GREEDY, SamplingConfig, probs_from_logits, sample
+from specdec_core.sampling import (
+    GREEDY,
+    SamplingConfig,
+    probs_from_logits,
+    sample,
+    sample_from_uniform,
+)
 
 
 def test_greedy_is_one_hot_argmax_with_ties_to_lowest_id():
@@ -46,6 +52,14 @@ def test_sample_never_picks_zero_mass_and_follows_probs():
     tokens = np.asarray(jax.vmap(lambda k: sample(k, probs))(keys))
     assert set(np.unique(tokens)) == {1, 3}
     assert abs((tokens == 3).mean() - 0.8) < 0.015  # 5 sigma at n=20k is 0.014
+
+
+def test_inverse_cdf_boundaries():
+    probs = jnp.array([[0.0, 0.25, 0.0, 0.75, 0.0]] * 5)
+    u = jnp.array([0.0, 0.2499, 0.25, 0.9999, 1.0 - 2**-24])
+    np.testing.assert_array_equal(sample_from_uniform(u, probs), [1, 1, 3, 3, 3])
+    one_hot = jnp.array([[0.0, 0.0, 1.0]] * 2)
+    np.testing.assert_array_equal(sample_from_uniform(jnp.array([0.0, 0.999999]), one_hot), [2, 2])
 
 
 @pytest.mark.parametrize(

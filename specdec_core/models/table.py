@@ -8,7 +8,9 @@ distribution computable by enumeration (``sequence_logits``).
 
 ``work_dim``/``work_layers`` add a dense computation of tunable cost to every forward
 (its result enters the logits multiplied by 0.0, which XLA cannot fold away), so a
-benchmark can give the stub the step time of a real model.
+benchmark can give the stub the step time of a real model. The work does not grow
+with K: the stub models the paper's assumption that verifying γ+1 tokens costs about
+one step.
 """
 
 from __future__ import annotations
@@ -73,12 +75,12 @@ def forward(params: TableParams, cache: TableCache, tokens: jax.Array):
     prev = jnp.where(positions > 0, history[rows, jnp.maximum(positions - 1, 0)], vocab_plus_1 - 1)
     logits = params.table[prev, tokens, positions % period]  # [B, K, V]
     if params.work.shape[0]:
-        x = jnp.broadcast_to(
-            tokens[..., None].astype(jnp.float32), (batch, k, params.work.shape[1])
-        )
+        # [B, D]: pooled over the K positions, so the work costs about the same at any K,
+        # like a memory-bound step of a real model.
+        x = jnp.broadcast_to(tokens.mean(1, keepdims=True), (batch, params.work.shape[1]))
         for layer in range(params.work.shape[0]):
             x = jnp.tanh(x @ params.work[layer])
-        logits = logits + 0.0 * x.sum(-1, keepdims=True)
+        logits = logits + 0.0 * x.sum(-1)[:, None, None]
     return logits, TableCache(history=history, lengths=cache.lengths + k)
 
 
