@@ -230,10 +230,13 @@ def hash_fraction(key: str, salt: str) -> float:
 def assign_splits(
     pairs: Sequence[tuple[str, str]], config: SplitConfig = SplitConfig()
 ) -> dict[str, list[tuple[str, str]]]:
-    """Splits deduped pairs into train / validation / test, keeping each split in file order.
+    """Splits deduped pairs into train / validation / test.
 
     A component goes to a held-out split only when all its pairs are clean full
-    sentences; every other component is training data.
+    sentences; every other component is training data. Each split is put in hash order
+    (a fixed shuffle that does not depend on input order): the dictionary is sorted by
+    headword, and a reader with a small shuffle buffer would otherwise see one topic at
+    a time.
     """
     keys = components(pairs)
     eligible: dict[str, bool] = collections.defaultdict(lambda: True)
@@ -242,6 +245,8 @@ def assign_splits(
     splits: dict[str, list[tuple[str, str]]] = {name: [] for name in SPLITS}
     for key, pair in zip(keys, pairs, strict=True):
         splits[_split_of(key, eligible[key], config)].append(pair)
+    for split in splits.values():
+        split.sort(key=lambda pair: hash_fraction("\t".join(pair), config.salt))
     return splits
 
 
