@@ -6,10 +6,18 @@ by ``lengths``), never model classes, and caches made by the caller large enough
 ``prompt + max_new_tokens + gamma + 1`` positions.
 
 Sequence bookkeeping, per row: the *committed* sequence is the prompt followed by the
-generated tokens. Between iterations the target's cache holds every committed token
-but the last (the *pending* token, fed at the next call) and the draft's cache every
-committed token but the last two (the draft re-feeds the previous token with the
-pending one, so a fully accepted block needs no extra draft call to catch up on x_γ).
+generated tokens, ``seq_lengths`` long. Caches start empty (``lengths == 0``). A
+cache's lengths are always derived from the state, never carried between calls:
+before each call the target's cache is rolled back to ``seq_lengths - 1`` (it then
+feeds the *pending* last token with the drafts) and the draft's to ``seq_lengths - 2``
+(it re-feeds the previous token with the pending one, so a fully accepted block needs
+no extra draft call to catch up on x_γ; its first call feeds the pending token alone).
+So a worker that holds a cache needs nothing but the state to stay in step, and a
+rejected block is undone in O(1).
+
+The roles of one iteration are separate functions — :func:`propose_fn`,
+:func:`score_fn`, :func:`verify` and :func:`commit` — so that the in-process loop here
+and the Ray workers in ``workers/`` run the same code.
 
 Randomness: every draw of a row derives from ``(seed, request_id, n_generated)``,
 so a request's output does not depend on its batch, its position in it or restarts.
@@ -37,6 +45,7 @@ class DecodeState:
     out_tokens: jax.Array  # [B, max_new + γ + 1] int32: generated tokens (junk past n_generated)
     n_generated: jax.Array  # [B] int32: tokens generated and committed so far
     max_new: jax.Array  # [B] int32: per-row budget of new tokens
+    seq_lengths: jax.Array  # [B] int32: committed sequence length, prompt included
     done: jax.Array  # [B] bool: hit EOS or max_new
     pending: jax.Array  # [B] int32: last committed token, not yet in the target's cache
     previous: jax.Array  # [B] int32: the committed token before it
@@ -99,6 +108,7 @@ def _init_state_fn(width: int, gamma: int):
             out_tokens=jnp.zeros((batch, width), jnp.int32),
             n_generated=zeros,
             max_new=max_new,
+            seq_lengths=prompt_lengths,
             done=max_new <= 0,
             pending=prompt_tokens[rows, prompt_lengths - 1],
             previous=prompt_tokens[rows, jnp.maximum(prompt_lengths - 2, 0)],
@@ -113,13 +123,13 @@ def _init_state_fn(width: int, gamma: int):
 
 
 @functools.lru_cache(maxsize=128)
-def _prefill_fn(forward: Forward):
-    """Writes the prompt and keeps all but its last token (the pending one)."""
+def prefill_fn(forward: Forward):
+    """``(cache, prompt_tokens [B, P], prompt_lengths [B]) -> cache``: writes the prompt
+    from position 0 and keeps all but its last token (the pending one)."""
 
     def prefill(cache, prompt_tokens, prompt_lengths):
-        start = cache.lengths
-        _, cache = forward(cache, prompt_tokens)
-        return rollback(cache, start + prompt_lengths - 1)
+        _, cache = forward(rollback(cache, jnp.zeros_like(prompt_lengths)), prompt_tokens)
+        return rollback(cache, prompt_lengths - 1)
 
     return jax.jit(prefill)
 
@@ -148,7 +158,9 @@ def _commit_block(
     out = jnp.where(state.done[:, None], state.out_tokens, written)
     n_generated = state.n_generated + kept
     done = state.done | hit_eos | (n_generated >= state.max_new)
-    return state.replace(out_tokens=out, n_generated=n_generated, done=done), kept
+    return state.replace(
+        out_tokens=out, n_generated=n_generated, seq_lengths=state.seq_lengths + kept, done=done
+    ), kept
 
 
 # ---------------------------------------------------------------- target-only baseline
@@ -205,7 +217,7 @@ def autoregressive_generate(
         max_new_tokens=max_new_tokens,
         gamma=0,
     )
-    cache = _prefill_fn(target)(target_cache, prompt_tokens, prompt_lengths)
+    cache = prefill_fn(target)(target_cache, prompt_tokens, prompt_lengths)
     state, cache = _autoregressive_fn(target, sampling_config, eos_id)(state, cache)
     jax.block_until_ready(state)
     total = time.perf_counter() - start
@@ -218,11 +230,19 @@ def autoregressive_generate(
 
 
 @functools.lru_cache(maxsize=128)
-def _propose_fn(draft: Forward, gamma: int, config: sampling.SamplingConfig, first: bool):
-    """Draft γ tokens; the first call feeds the pending token, later ones previous+pending."""
+def propose_fn(draft: Forward, gamma: int, config: sampling.SamplingConfig, first: bool):
+    """``(draft_cache, state) -> (draft_tokens [B, γ], draft_probs [B, γ, V], cache)``.
+
+    The draft samples γ tokens autoregressively from its own sampling distribution.
+    ``first``: the draft's cache was just prefilled (it holds ``seq_lengths - 1``).
+    """
 
     def propose(cache, state: DecodeState):
-        feed = state.pending[:, None] if first else jnp.stack([state.previous, state.pending], 1)
+        if first:
+            cache, feed = rollback(cache, state.seq_lengths - 1), state.pending[:, None]
+        else:
+            cache = rollback(cache, jnp.maximum(state.seq_lengths - 2, 0))
+            feed = jnp.stack([state.previous, state.pending], 1)
         draft_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(_step_keys(state))
         uniforms = acceptance.row_uniforms(draft_keys, feed.shape[0], gamma)  # [B, γ]
         logits, cache = draft(cache, feed)
@@ -241,57 +261,70 @@ def _propose_fn(draft: Forward, gamma: int, config: sampling.SamplingConfig, fir
         )
         draft_tokens = jnp.concatenate([token[:, None], jnp.swapaxes(tokens, 0, 1)], 1)
         draft_probs = jnp.concatenate([probs[:, None], jnp.swapaxes(probs_rest, 0, 1)], 1)
-        return draft_tokens, draft_probs, cache  # [B, γ], [B, γ, V]
+        return draft_tokens, draft_probs, cache
 
     return jax.jit(propose, donate_argnums=0)
 
 
 @functools.lru_cache(maxsize=128)
-def _score_fn(target: Forward, config: sampling.SamplingConfig):
-    def score(cache, pending, draft_tokens):
-        logits, cache = target(cache, jnp.concatenate([pending[:, None], draft_tokens], 1))
-        return sampling.probs_from_logits(logits, config), cache  # [B, γ+1, V]
+def score_fn(target: Forward, config: sampling.SamplingConfig):
+    """``(target_cache, state, draft_tokens [B, γ]) -> (target_probs [B, γ+1, V], cache)``."""
+
+    def score(cache, state: DecodeState, draft_tokens):
+        cache = rollback(cache, state.seq_lengths - 1)
+        tokens = jnp.concatenate([state.pending[:, None], draft_tokens], 1)
+        logits, cache = target(cache, tokens)
+        return sampling.probs_from_logits(logits, config), cache
 
     return jax.jit(score, donate_argnums=0)
 
 
+def _verify_keys(state: DecodeState) -> jax.Array:
+    return jax.vmap(lambda k: jax.random.fold_in(k, 1))(_step_keys(state))
+
+
+def verify_uniforms(state: DecodeState, gamma: int) -> jax.Array:
+    """[B, γ+1] uniforms of the acceptance rule (γ tests, then the recovered/bonus draw),
+    the same that :func:`verify` uses; for split workers that run the rule in two parts."""
+    return acceptance.row_uniforms(_verify_keys(state), state.done.shape[0], gamma + 1)
+
+
+def verify(state: DecodeState, draft_tokens, draft_probs, target_probs) -> acceptance.Verdict:
+    """Algorithm 1 (:func:`acceptance.accept`) with each row's own randomness."""
+    return acceptance.accept(draft_tokens, draft_probs, target_probs, _verify_keys(state))
+
+
+def commit(
+    state: DecodeState, draft_tokens: jax.Array, verdict: acceptance.Verdict, eos_id: int | None
+) -> DecodeState:
+    """Appends the accepted drafts and the next token to every active row; counts stats."""
+    batch, gamma = draft_tokens.shape
+    rows = jnp.arange(batch)
+    n = verdict.n_accepted
+    block = jnp.concatenate([draft_tokens, jnp.zeros((batch, 1), jnp.int32)], 1)
+    block = block.at[rows, n].set(verdict.next_token)  # [B, γ+1]
+    active = ~state.done
+    new_state, _ = _commit_block(state, block, n + 1, eos_id)
+    prev_of_next = jnp.where(n > 0, draft_tokens[rows, jnp.maximum(n - 1, 0)], state.pending)
+    accepted_at = active[:, None] & (jnp.arange(gamma)[None, :] < n[:, None])
+    return new_state.replace(
+        pending=jnp.where(active, verdict.next_token, state.pending),
+        previous=jnp.where(active, prev_of_next, state.previous),
+        iterations=state.iterations + active,
+        drafted=state.drafted + active * gamma,
+        accepted=state.accepted + jnp.where(active, n, 0),
+        accepted_by_position=state.accepted_by_position + accepted_at,
+    )
+
+
 @functools.lru_cache(maxsize=128)
 def _verify_commit_fn(eos_id: int | None):
-    def verify_commit(
-        state: DecodeState, draft_tokens, draft_probs, target_probs, target_cache, draft_cache
-    ):
-        batch, gamma = draft_tokens.shape
-        step_keys = _step_keys(state)
-        accept_keys = jax.vmap(lambda k: jax.random.fold_in(k, 1))(step_keys)
-        verdict = acceptance.accept(draft_tokens, draft_probs, target_probs, accept_keys)
-        n = verdict.n_accepted
-        block = jnp.concatenate([draft_tokens, jnp.zeros((batch, 1), jnp.int32)], 1)
-        block = block.at[jnp.arange(batch), n].set(verdict.next_token)  # [B, γ+1]
-        active = ~state.done
-        new_state, _ = _commit_block(state, block, n + 1, eos_id)
-        prev_of_next = jnp.where(
-            n > 0, draft_tokens[jnp.arange(batch), jnp.maximum(n - 1, 0)], state.pending
-        )
-        committed = active[:, None] & (jnp.arange(gamma)[None, :] < n[:, None])
-        new_state = new_state.replace(
-            pending=jnp.where(active, verdict.next_token, state.pending),
-            previous=jnp.where(active, prev_of_next, state.previous),
-            iterations=state.iterations + active,
-            drafted=state.drafted + active * gamma,
-            accepted=state.accepted + jnp.where(active, n, 0),
-            accepted_by_position=state.accepted_by_position + committed,
-        )
-        # Target held L = committed-1 before scoring γ+1 tokens; keep pending + n accepted.
-        target_len = target_cache.lengths - (gamma + 1) + jnp.where(active, n + 1, 0)
-        draft_len = jnp.maximum(target_len - 1, 0)  # > 0 for active rows after one iteration
-        return (
-            new_state,
-            rollback(target_cache, target_len),
-            rollback(draft_cache, draft_len),
-            jnp.all(new_state.done),
-        )
+    def verify_commit(state: DecodeState, draft_tokens, draft_probs, target_probs):
+        verdict = verify(state, draft_tokens, draft_probs, target_probs)
+        new_state = commit(state, draft_tokens, verdict, eos_id)
+        return new_state, jnp.all(new_state.done)
 
-    return jax.jit(verify_commit, donate_argnums=(4, 5))
+    return jax.jit(verify_commit)
 
 
 def speculative_generate(
@@ -331,28 +364,24 @@ def speculative_generate(
     )
     t0 = time.perf_counter()
     target_cache = jax.block_until_ready(
-        _prefill_fn(target)(target_cache, prompt_tokens, prompt_lengths)
+        prefill_fn(target)(target_cache, prompt_tokens, prompt_lengths)
     )
     t1 = time.perf_counter()
     draft_cache = jax.block_until_ready(
-        _prefill_fn(draft)(draft_cache, prompt_tokens, prompt_lengths)
+        prefill_fn(draft)(draft_cache, prompt_tokens, prompt_lengths)
     )
     target_s, draft_s = t1 - t0, time.perf_counter() - t1
-    score = _score_fn(target, sampling_config)
+    score = score_fn(target, sampling_config)
     verify_commit = _verify_commit_fn(eos_id)
     all_done, first = bool(jnp.all(state.done)), True
     while not all_done:
         t0 = time.perf_counter()
-        propose = _propose_fn(draft, gamma, sampling_config, first)
+        propose = propose_fn(draft, gamma, sampling_config, first)
         draft_tokens, draft_probs, draft_cache = jax.block_until_ready(propose(draft_cache, state))
         t1 = time.perf_counter()
-        target_probs, target_cache = jax.block_until_ready(
-            score(target_cache, state.pending, draft_tokens)
-        )
+        target_probs, target_cache = jax.block_until_ready(score(target_cache, state, draft_tokens))
         t2 = time.perf_counter()
-        state, target_cache, draft_cache, all_done = verify_commit(
-            state, draft_tokens, draft_probs, target_probs, target_cache, draft_cache
-        )
+        state, all_done = verify_commit(state, draft_tokens, draft_probs, target_probs)
         all_done, first = bool(all_done), False
         draft_s += t1 - t0
         target_s += t2 - t1
