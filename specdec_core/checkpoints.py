@@ -94,7 +94,7 @@ def load_t5x(path, *, like=None) -> dict:
     ``jax.ShapeDtypeStruct``); when given, missing/extra parameters and shape
     mismatches raise ``CheckpointError``. Returns a nested dict of numpy arrays.
     """
-    path = pathlib.Path(path)
+    path = pathlib.Path(path).resolve()  # tensorstore rejects ".." in kvstore paths
     if not path.exists():
         raise CheckpointError(path, "no such file or folder")
     path = _latest_step_dir(path)
