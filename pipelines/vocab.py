@@ -29,7 +29,7 @@ from pipelines.data import ding
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_VOCAB_PATH = REPO_ROOT / "assets" / "spm" / "ende.model"
-DEFAULT_DATA_DIR = REPO_ROOT / "assets" / "data" / "ding"
+DEFAULT_DATA_DIR = ding.DEFAULT_DATA_DIR
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2  # T5's ids
 DEFAULT_VOCAB_SIZE = 8000
 
@@ -46,7 +46,7 @@ def train_sentencepiece(
     model_path: str | pathlib.Path,
     *,
     vocab_size: int = DEFAULT_VOCAB_SIZE,
-    character_coverage: float = 0.9999,
+    character_coverage: float = 1.0,  # the corpus has only ~120 distinct characters
     seed: int = 0,
     write_vocab_file: bool = True,
 ) -> pathlib.Path:

@@ -192,3 +192,18 @@ def test_pick_samples_keeps_clean_moderate_sentences_in_hash_order():
     assert len(samples) == 4
     assert set(samples) < set(pairs[:10])
     assert samples == ding.pick_samples(list(reversed(pairs)), n=4)
+
+
+def test_committed_splits_match_counts_and_hold_out_sentences():
+    data_dir = ding.DEFAULT_DATA_DIR
+    counts = json.loads((data_dir.parent / "ding_counts.json").read_text())
+    splits = {name: ding.read_split(data_dir, name) for name in ding.SPLITS}
+    assert ding.split_counts(splits) == {
+        "split_pairs": counts["split_pairs"],
+        "split_sentences": counts["split_sentences"],
+    }
+    assert counts["split_sentences"]["test"] >= 1000
+    assert counts["split_pairs"]["test"] == counts["split_sentences"]["test"]
+    ding.check_disjoint(splits)
+    samples = list(ding.iter_pairs(ding.REPO_ROOT / "assets" / "samples" / "en_de_sample.tsv"))
+    assert len(samples) == 50 and set(samples) <= set(splits["test"])

@@ -194,3 +194,14 @@ def test_tfds_tasks_read_prepared_data_with_t5_preprocessing(
     assert _decoded_examples("cnn_dailymail", "validation", vocabulary) == [
         ("summarize: Breaking news: the cat sat on the mat.", "A cat sat on a mat.")
     ]
+
+
+def test_committed_vocabulary_round_trips_a_test_sentence():
+    vocabulary = vocab.get_vocabulary()
+    assert vocabulary.vocab_size == 8000
+    assert (vocabulary.pad_id, vocabulary.eos_id, vocabulary.unk_id) == (0, 1, 2)
+    english, german = ding.read_split(ding.DEFAULT_DATA_DIR, "test")[0]
+    for text in (english, german, "translate English to German: Straßenbahn über Brücken."):
+        ids = vocabulary.encode(text)
+        assert vocabulary.unk_id not in ids
+        assert vocabulary.decode(ids) == text

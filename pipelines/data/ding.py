@@ -48,6 +48,8 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 
 DEFAULT_DICTIONARY = pathlib.Path("/usr/share/trans/de-en")
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+DEFAULT_DATA_DIR = REPO_ROOT / "assets" / "data" / "ding"  # the committed, prepared splits
 SPLITS = ("train", "validation", "test")
 
 _BRACES = re.compile(r"\{[^{}]*\}")
@@ -300,15 +302,23 @@ def _open_text(path: pathlib.Path, mode: str) -> io.TextIOBase:
     return open(path, mode, encoding="utf-8", newline="\n")
 
 
-def iter_split(data_dir: str | pathlib.Path, split: str) -> Iterator[tuple[str, str]]:
-    """Yields ``(english, german)`` pairs of one split (plain Python, no TensorFlow)."""
-    path = split_path(data_dir, split)
+def iter_pairs(path: str | pathlib.Path) -> Iterator[tuple[str, str]]:
+    """Yields ``(english, german)`` from one ``english<TAB>german`` file (.tsv or .tsv.gz)."""
+    path = pathlib.Path(path)
     with _open_text(path, "r") as handle:
         for number, line in enumerate(handle, start=1):
             fields = line.rstrip("\n").split("\t")
             if len(fields) != 2:
                 raise ValueError(f"{path}:{number}: expected 'english<TAB>german', got {line!r}")
             yield fields[0], fields[1]
+
+
+def iter_split(data_dir: str | pathlib.Path, split: str) -> Iterator[tuple[str, str]]:
+    """Yields ``(english, german)`` pairs of one split (plain Python, no TensorFlow).
+
+    ``DEFAULT_DATA_DIR`` holds the committed splits.
+    """
+    return iter_pairs(split_path(data_dir, split))
 
 
 def read_split(data_dir: str | pathlib.Path, split: str) -> list[tuple[str, str]]:
