@@ -49,7 +49,7 @@ class DecodeState:
     done: jax.Array  # [B] bool: hit EOS or max_new
     pending: jax.Array  # [B] int32: last committed token, not yet in the target's cache
     previous: jax.Array  # [B] int32: the committed token before it
-    row_keys: jax.Array  # [B] PRNG keys from (seed, request id)
+    row_keys: jax.Array  # [B, 2] uint32 raw PRNG key data from (seed, request id)
     iterations: jax.Array  # [B] int32: iterations this row took part in
     drafted: jax.Array  # [B] int32: drafted tokens proposed to this row
     accepted: jax.Array  # [B] int32: drafted tokens accepted
@@ -82,12 +82,14 @@ def request_keys(seed: int, request_ids: jax.Array) -> jax.Array:
 
 
 def _step_keys(state: DecodeState) -> jax.Array:
-    return jax.vmap(jax.random.fold_in)(state.row_keys, state.n_generated)
+    keys = jax.random.wrap_key_data(state.row_keys)
+    return jax.vmap(jax.random.fold_in)(keys, state.n_generated)
 
 
-def _init_state(
+def init_state(
     prompt_tokens, prompt_lengths, request_ids, *, seed, max_new_tokens, gamma
 ) -> DecodeState:
+    """The loop state before the first iteration (prompts as in :func:`speculative_generate`)."""
     batch = prompt_tokens.shape[0]
     max_new = np.broadcast_to(np.asarray(max_new_tokens, np.int32), (batch,))
     width = int(max_new.max()) + gamma + 1
@@ -112,7 +114,7 @@ def _init_state_fn(width: int, gamma: int):
             done=max_new <= 0,
             pending=prompt_tokens[rows, prompt_lengths - 1],
             previous=prompt_tokens[rows, jnp.maximum(prompt_lengths - 2, 0)],
-            row_keys=request_keys(seed, request_ids),
+            row_keys=jax.random.key_data(request_keys(seed, request_ids)),
             iterations=zeros,
             drafted=zeros,
             accepted=zeros,
@@ -209,7 +211,7 @@ def autoregressive_generate(
     """
     prompt_tokens, prompt_lengths = _check_prompts(prompt_tokens, prompt_lengths)
     start = time.perf_counter()
-    state = _init_state(
+    state = init_state(
         prompt_tokens,
         prompt_lengths,
         request_ids,
@@ -221,7 +223,7 @@ def autoregressive_generate(
     state, cache = _autoregressive_fn(target, sampling_config, eos_id)(state, cache)
     jax.block_until_ready(state)
     total = time.perf_counter() - start
-    return _result(
+    return result_from_state(
         state, max_new_tokens, pad_id, draft_s=0.0, target_s=total, overhead_s=0.0, total_s=total
     )
 
@@ -354,7 +356,7 @@ def speculative_generate(
         raise ValueError(f"gamma must be >= 1, got {gamma}")
     prompt_tokens, prompt_lengths = _check_prompts(prompt_tokens, prompt_lengths)
     start = time.perf_counter()
-    state = _init_state(
+    state = init_state(
         prompt_tokens,
         prompt_lengths,
         request_ids,
@@ -386,7 +388,7 @@ def speculative_generate(
         draft_s += t1 - t0
         target_s += t2 - t1
     total = time.perf_counter() - start
-    return _result(
+    return result_from_state(
         state,
         max_new_tokens,
         pad_id,
@@ -415,7 +417,9 @@ def _check_prompts(prompt_tokens, prompt_lengths) -> tuple[jax.Array, jax.Array]
     return prompt_tokens, prompt_lengths
 
 
-def _result(state: DecodeState, max_new_tokens, pad_id: int, **timings: float) -> DecodeResult:
+def result_from_state(
+    state: DecodeState, max_new_tokens, pad_id: int, **timings: float
+) -> DecodeResult:
     host = jax.device_get(state)
     width = int(np.max(max_new_tokens))
     tokens = np.asarray(host.out_tokens[:, :width])

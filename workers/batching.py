@@ -1,0 +1,138 @@
+"""Requests, their results, and packing a list of requests into padded arrays.
+
+A ``Request`` carries token ids only (tokenisation happens in ``pipelines``). Its
+``request_key`` seeds every random draw of the request (with the job seed), so the
+output of a request does not depend on which batch or worker served it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+
+from specdec_core.sampling import GREEDY, SamplingConfig
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DecodeSettings:
+    """How a job decodes. Hashable, so compiled steps can be cached by it."""
+
+    gamma: int = 4  # drafted tokens per iteration
+    sampling: SamplingConfig = GREEDY
+    seed: int = 0  # job seed; with the request key it fixes every random draw
+    eos_id: int | None = 1  # stop a row at this token (T5's EOS); None: never
+    max_new_tokens: int = 64
+    batch_size: int = 1  # batches are padded to this many rows (one compilation)
+
+    def __post_init__(self):
+        if self.gamma < 1:
+            raise ValueError(f"gamma must be >= 1, got {self.gamma}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Request:
+    id: str  # the record's id (line number or the input's own id)
+    prompt_tokens: tuple[int, ...]  # decoder prompt; T5: (0,), the decoder start token
+    encoder_tokens: tuple[int, ...] | None = None  # encoder input (EOS included) for T5
+    max_new_tokens: int | None = None  # None: the job's setting
+
+    @property
+    def request_key(self) -> int:
+        """A stable 32-bit key from the id: the same record draws the same numbers."""
+        return int.from_bytes(hashlib.blake2s(self.id.encode(), digest_size=4).digest(), "little")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Generation:
+    id: str
+    tokens: list[int]  # generated ids, EOS included when reached
+    iterations: int  # target calls
+    drafted: int  # drafted tokens proposed (0 for target-only decoding)
+    accepted: int  # drafted tokens accepted
+    accepted_by_position: list[int]  # accepted count at each of the γ draft positions
+    batch_wall_ms: float  # wall time of the batch this request was decoded in
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PackedBatch:
+    ids: list[str]  # real requests first; padding rows have no id
+    encoder_tokens: np.ndarray | None  # [B, S] int32, 0-padded
+    prompt_tokens: np.ndarray  # [B, P] int32
+    prompt_lengths: np.ndarray  # [B] int32
+    request_keys: np.ndarray  # [B] uint32
+    max_new_tokens: np.ndarray  # [B] int32 (0 for padding rows)
+    max_len: int  # decoder cache slots needed
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
+
+
+def _bucket(n: int, multiple: int) -> int:
+    return max(multiple, -(-n // multiple) * multiple)
+
+
+def pack(requests: Sequence[Request], settings: DecodeSettings) -> PackedBatch:
+    """Pads requests to ``settings.batch_size`` rows and bucketed lengths.
+
+    Lengths are rounded up to multiples of 16 so a job compiles a handful of shapes.
+    """
+    if not requests:
+        raise ValueError("cannot pack an empty batch")
+    if len(requests) > settings.batch_size:
+        raise ValueError(f"{len(requests)} requests exceed batch_size {settings.batch_size}")
+    rows = settings.batch_size
+    encoder = [r.encoder_tokens for r in requests]
+    if any(e is None for e in encoder) and not all(e is None for e in encoder):
+        raise ValueError("a batch mixes requests with and without encoder tokens")
+    prompt_width = _bucket(max(len(r.prompt_tokens) for r in requests), 16)
+    prompt_tokens = np.zeros((rows, prompt_width), np.int32)
+    prompt_lengths = np.ones((rows,), np.int32)
+    max_new = np.zeros((rows,), np.int32)
+    for i, r in enumerate(requests):
+        if not r.prompt_tokens:
+            raise ValueError(f"request {r.id!r} has an empty prompt")
+        prompt_tokens[i, : len(r.prompt_tokens)] = r.prompt_tokens
+        prompt_lengths[i] = len(r.prompt_tokens)
+        max_new[i] = settings.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
+    encoder_tokens = None
+    if encoder[0] is not None:
+        width = _bucket(max(len(e) for e in encoder), 16)
+        encoder_tokens = np.zeros((rows, width), np.int32)
+        encoder_tokens[:, 0] = 1  # padding rows encode a lone EOS (an all-pad row is NaN-prone)
+        for i, e in enumerate(encoder):
+            encoder_tokens[i, : len(e)] = e
+    keys = np.array([r.request_key for r in requests] + [0] * (rows - len(requests)), np.uint32)
+    max_len = _bucket(prompt_width + int(max_new.max()) + settings.gamma + 2, 32)
+    return PackedBatch(
+        ids=[r.id for r in requests],
+        encoder_tokens=encoder_tokens,
+        prompt_tokens=prompt_tokens,
+        prompt_lengths=prompt_lengths,
+        request_keys=keys,
+        max_new_tokens=max_new,
+        max_len=max_len,
+    )
+
+
+def unpack(batch: PackedBatch, result, *, wall_ms: float) -> list[Generation]:
+    """One ``Generation`` per real request from a ``decoding.DecodeResult``."""
+    return [
+        Generation(
+            id=request_id,
+            tokens=result.row_tokens(i),
+            iterations=int(result.iterations[i]),
+            drafted=int(result.drafted[i]),
+            accepted=int(result.accepted[i]),
+            accepted_by_position=[int(x) for x in result.accepted_by_position[i]],
+            batch_wall_ms=wall_ms,
+        )
+        for i, request_id in enumerate(batch.ids)
+    ]

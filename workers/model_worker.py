@@ -1,0 +1,155 @@
+"""A model worker: one model (draft or target) in its own process, as a Ray actor.
+
+It keeps one cache per in-flight batch (``batch_id``) and serves the roles of an
+iteration. Per iteration a coordinator makes two calls, and only what is needed
+crosses (DESIGN.md, "Proposals and verification"):
+
+- target ``score(state, draft_tokens, q_tok) -> (n_accepted, p_at_n)``: scores γ+1
+  positions, runs the acceptance tests on the scalars q(x_i) and p(x_i), and returns
+  the target distribution at the one position where it is needed ([B, V]);
+- draft ``recover_and_propose(state, n_accepted, p_at_n) -> (next_token, tokens,
+  q_tok)``: samples the recovered/bonus token from norm(max(0, p − q)) with its own q,
+  commits, and proposes the next γ tokens, keeping their full q for the next call.
+
+Caches' lengths derive from the state the coordinator sends, so calls carry no
+hidden position and a restarted worker only needs the committed tokens again.
+The class is plain Python; ``workers.coordinator`` wraps it with ``ray.remote``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_core import acceptance, decoding
+from specdec_core.models.bound import BoundModel, load_model
+from specdec_core.sampling import SamplingConfig
+from workers.batching import DecodeSettings
+from workers.spec import ModelSpec
+
+
+def _token_probs(probs: jax.Array, tokens: jax.Array) -> jax.Array:
+    """probs [B, γ(+1), V], tokens [B, γ] -> probs[b, i, tokens[b, i]] [B, γ]."""
+    return jnp.take_along_axis(probs[:, : tokens.shape[1]], tokens[..., None], axis=-1)[..., 0]
+
+
+@functools.lru_cache(maxsize=64)
+def _score_and_count_fn(forward, config: SamplingConfig):
+    score = decoding.score_fn(forward, config)
+
+    def score_and_count(cache, state, draft_tokens, draft_token_probs):
+        target_probs, cache = score(cache, state, draft_tokens)  # [B, γ+1, V]
+        gamma = draft_tokens.shape[1]
+        uniforms = decoding.verify_uniforms(state, gamma)
+        n_accepted = acceptance.count_accepted(
+            draft_token_probs, _token_probs(target_probs, draft_tokens), uniforms[:, :gamma]
+        )
+        rows = jnp.arange(draft_tokens.shape[0])
+        return n_accepted, target_probs[rows, n_accepted], cache
+
+    return jax.jit(score_and_count, donate_argnums=0)
+
+
+@functools.lru_cache(maxsize=64)
+def _propose_first_fn(forward, gamma: int, config: SamplingConfig):
+    propose = decoding.propose_fn(forward, gamma, config, True)
+
+    def propose_first(cache, state):
+        tokens, probs, cache = propose(cache, state)
+        return tokens, probs, _token_probs(probs, tokens), cache
+
+    return jax.jit(propose_first, donate_argnums=0)
+
+
+@functools.lru_cache(maxsize=64)
+def _recover_and_propose_fn(forward, gamma: int, config: SamplingConfig, eos_id: int | None):
+    propose = decoding.propose_fn(forward, gamma, config, False)
+
+    def recover_and_propose(cache, state, draft_tokens, draft_probs, n_accepted, target_at_n):
+        rows = jnp.arange(draft_tokens.shape[0])
+        draft_ext = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:, :1])], 1)
+        uniforms = decoding.verify_uniforms(state, gamma)
+        next_token = acceptance.sample_next_token(
+            target_at_n, draft_ext[rows, n_accepted], uniforms[:, gamma]
+        )
+        verdict = acceptance.Verdict(n_accepted=n_accepted, next_token=next_token)
+        new_state = decoding.commit(state, draft_tokens, verdict, eos_id)
+        tokens, probs, cache = propose(cache, new_state)
+        return next_token, tokens, probs, _token_probs(probs, tokens), cache
+
+    return jax.jit(recover_and_propose, donate_argnums=0)
+
+
+class ModelWorker:
+    """Hosts one model; see the module docstring for the protocol."""
+
+    def __init__(self, spec: ModelSpec):
+        self.spec = spec
+        self.model: BoundModel = load_model(
+            spec.name,
+            spec.family,
+            spec.config,
+            checkpoint=spec.checkpoint,
+            init_seed=spec.init_seed,
+        )
+        self._caches: dict[str, Any] = {}
+        self._proposals: dict[str, tuple[jax.Array, jax.Array]] = {}  # tokens, full q
+
+    def info(self) -> dict:
+        return {
+            "name": self.model.name,
+            "family": self.model.family,
+            "vocab_size": self.model.vocab_size,
+            "params": self.model.param_count(),
+        }
+
+    def start(
+        self, batch_id: str, encoder_tokens, prompt_tokens, prompt_lengths, max_len: int
+    ) -> None:
+        """Encodes (T5) and prefills the prompts of a new batch."""
+        cache = self.model.new_cache(encoder_tokens, prompt_tokens.shape[0], max_len)
+        self._caches[batch_id] = jax.block_until_ready(
+            decoding.prefill_fn(self.model.forward)(cache, prompt_tokens, prompt_lengths)
+        )
+
+    def propose_first(self, batch_id: str, state, settings: DecodeSettings):
+        fn = _propose_first_fn(self.model.forward, settings.gamma, settings.sampling)
+        tokens, probs, token_probs, self._caches[batch_id] = fn(self._caches[batch_id], state)
+        self._proposals[batch_id] = (tokens, probs)
+        return np.asarray(tokens), np.asarray(token_probs)
+
+    def score(
+        self, batch_id: str, state, draft_tokens, draft_token_probs, settings: DecodeSettings
+    ):
+        fn = _score_and_count_fn(self.model.forward, settings.sampling)
+        n_accepted, target_at_n, self._caches[batch_id] = fn(
+            self._caches[batch_id], state, draft_tokens, draft_token_probs
+        )
+        return np.asarray(n_accepted), np.asarray(target_at_n)
+
+    def recover_and_propose(
+        self, batch_id: str, state, n_accepted, target_at_n, settings: DecodeSettings
+    ):
+        fn = _recover_and_propose_fn(
+            self.model.forward, settings.gamma, settings.sampling, settings.eos_id
+        )
+        draft_tokens, draft_probs = self._proposals[batch_id]
+        next_token, tokens, probs, token_probs, self._caches[batch_id] = fn(
+            self._caches[batch_id], state, draft_tokens, draft_probs, n_accepted, target_at_n
+        )
+        self._proposals[batch_id] = (tokens, probs)
+        return np.asarray(next_token), np.asarray(tokens), np.asarray(token_probs)
+
+    def generate_alone(self, batch, settings: DecodeSettings) -> decoding.DecodeResult:
+        """Target-only decoding of a packed batch, for the baseline of a job."""
+        from workers.engine import decode_baseline
+
+        return decode_baseline(self.model, batch, settings)
+
+    def release(self, batch_id: str) -> None:
+        self._caches.pop(batch_id, None)
+        self._proposals.pop(batch_id, None)

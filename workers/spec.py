@@ -1,0 +1,33 @@
+"""What a worker needs to build its model, and where Ray should place it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Placement:
+    """Ray resources of one model worker (``TPU``/``GPU`` at scale)."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    resources: tuple[tuple[str, float], ...] = ()  # custom resources, e.g. (("TPU", 4),)
+
+    def ray_options(self) -> dict[str, Any]:
+        options: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
+        if self.resources:
+            options["resources"] = dict(self.resources)
+        return options
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """A model by family, config and checkpoint; serialisable, so it can cross to a worker."""
+
+    name: str
+    family: str  # "t5" | "decoder"
+    config: Any  # T5Config | DecoderConfig
+    checkpoint: str | None = None  # T5X checkpoint folder; None: random init (tests)
+    init_seed: int = 0
+    placement: Placement = dataclasses.field(default_factory=Placement)
