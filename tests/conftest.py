@@ -21,3 +21,14 @@ def shared_testdata() -> pathlib.Path:
             f"shared test data not found at {SHARED_TESTDATA} (only in the project workspace)"
         )
     return SHARED_TESTDATA
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray instance for the whole test session (ray.init takes seconds)."""
+    ray = pytest.importorskip("ray")
+    from workers.coordinator import ensure_ray
+
+    ensure_ray(num_cpus=4)
+    yield ray
+    ray.shutdown()

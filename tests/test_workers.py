@@ -1,0 +1,105 @@
+"""Engines: packing, in-process vs Ray workers (same tokens), traffic per iteration."""
+
+import numpy as np
+import pytest
+
+from specdec_core.models import bound, registry
+from specdec_core.sampling import SamplingConfig
+from workers.batching import DecodeSettings, Request, pack
+from workers.engine import InProcessEngine
+from workers.spec import ModelSpec
+
+VOCAB = 64
+CONFIG = registry.get_config("t5_tiny_test", vocab_size=VOCAB)
+
+
+def _requests(n: int, offset: int = 0) -> list[Request]:
+    rng = np.random.default_rng(offset)
+    return [
+        Request(
+            id=f"r{offset + i}",
+            prompt_tokens=(0,),
+            encoder_tokens=(*rng.integers(3, VOCAB, 3 + (i * 5) % 9).tolist(), 1),
+        )
+        for i in range(n)
+    ]
+
+
+def test_pack_pads_rows_and_buckets_lengths():
+    settings = DecodeSettings(gamma=3, max_new_tokens=20, batch_size=4)
+    reqs = _requests(3)
+    batch = pack(reqs, settings)
+    assert batch.ids == ["r0", "r1", "r2"]
+    assert batch.encoder_tokens.shape == (4, 16) and batch.prompt_tokens.shape == (4, 16)
+    np.testing.assert_array_equal(batch.max_new_tokens, [20, 20, 20, 0])
+    assert batch.encoder_tokens[3].tolist() == [1] + [0] * 15  # padding row: a lone EOS
+    assert batch.max_len == 64 and batch.max_len >= 16 + 20 + 3 + 2
+    assert len(set(batch.request_keys[:3].tolist())) == 3
+    # The key depends on the id only.
+    assert pack(reqs[1:2], settings).request_keys[0] == batch.request_keys[1]
+    with pytest.raises(ValueError, match="exceed batch_size"):
+        pack(_requests(5), settings)
+
+
+def test_bad_settings_are_named():
+    with pytest.raises(ValueError, match="gamma"):
+        DecodeSettings(gamma=0)
+    with pytest.raises(ValueError, match="batch_size"):
+        DecodeSettings(batch_size=0)
+
+
+def _inprocess(settings):
+    return InProcessEngine(
+        bound.load_model("target", "t5", CONFIG, init_seed=0),
+        bound.load_model("draft", "t5", CONFIG, init_seed=1),
+        settings,
+    )
+
+
+def test_inprocess_greedy_equals_baseline_and_rejects_vocab_mismatch():
+    settings = DecodeSettings(gamma=3, max_new_tokens=10, batch_size=3)
+    engine = _inprocess(settings)
+    reqs = _requests(3)
+    spec = engine.generate(reqs)
+    base = engine.generate_baseline(reqs)
+    assert [g.tokens for g in spec] == [g.tokens for g in base]
+    assert all(g.drafted == 3 * g.iterations for g in spec)
+    other = registry.get_config("t5_tiny_test", vocab_size=VOCAB + 1)
+    with pytest.raises(ValueError, match="vocab"):
+        InProcessEngine(engine.target, bound.load_model("d", "t5", other), settings)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_ray_workers_equal_inprocess(ray_local, temperature):
+    from workers.coordinator import RayEngine
+
+    settings = DecodeSettings(
+        gamma=3,
+        sampling=SamplingConfig(temperature=temperature),
+        seed=5,
+        max_new_tokens=12,
+        batch_size=2,
+    )
+    reqs = _requests(4, offset=10)
+    local = _inprocess(settings)
+    engine = RayEngine(
+        ModelSpec(name="target", family="t5", config=CONFIG, init_seed=0),
+        ModelSpec(name="draft", family="t5", config=CONFIG, init_seed=1),
+        settings,
+    )
+    try:
+        remote = engine.generate(reqs[:2]) + engine.generate(reqs[2:])
+        remote_base = engine.generate_baseline(reqs[:2])
+        traffic = engine.traffic()
+    finally:
+        engine.close()
+    expected = local.generate(reqs[:2]) + local.generate(reqs[2:])
+    assert [g.tokens for g in remote] == [g.tokens for g in expected]
+    assert [g.accepted for g in remote] == [g.accepted for g in expected]
+    assert [g.tokens for g in remote_base] == [g.tokens for g in local.generate_baseline(reqs[:2])]
+    # Per-iteration traffic: one V-vector per row plus ids and scalars, never γ·V.
+    rows, gamma = settings.batch_size, settings.gamma
+    per_batch = [max(g.iterations for g in remote[:2]), max(g.iterations for g in remote[2:])]
+    assert traffic["iterations"] == sum(per_batch)
+    assert traffic["bytes_per_iteration"] < rows * 4 * VOCAB * 2 + 4096
+    assert traffic["bytes_per_iteration"] < rows * 4 * VOCAB * (gamma + 1)
