@@ -5,7 +5,7 @@ The target is the table stub with dense "work" layers sized so one target call c
 time inside draft and target calls (acceptance, commit, rollback, the host loop), per
 iteration and as a share of the iteration. Usage:
 
-    .venv/bin/python benchmarks/bench_loop_overhead.py [--work-dim 1024 --work-layers 12]
+    .venv/bin/python benchmarks/bench_loop_overhead.py [--work-dim 1024 --work-layers 24 48]
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ def time_call(fn, *args, repeats: int = 10) -> float:
     return (time.perf_counter() - start) / repeats
 
 
-def run(batch: int, gamma: int, config: SamplingConfig, args) -> dict:
+def run(batch: int, gamma: int, config: SamplingConfig, args, work_layers: int) -> dict:
     vocab = 64
     target_params = table.init_params(
         jax.random.key(0),
         vocab_size=vocab,
         scale=3.0,
         work_dim=args.work_dim,
-        work_layers=args.work_layers,
+        work_layers=work_layers,
     )
     other = table.init_params(jax.random.key(1), vocab_size=vocab, scale=3.0)
     draft_params = table.from_table(0.8 * target_params.table + 0.2 * other.table)
@@ -85,7 +85,7 @@ def run(batch: int, gamma: int, config: SamplingConfig, args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work-dim", type=int, default=1024)
-    parser.add_argument("--work-layers", type=int, default=12)
+    parser.add_argument("--work-layers", type=int, nargs="+", default=[24, 48])
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
@@ -98,16 +98,17 @@ def main() -> None:
         "| overhead share | acceptance |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for batch in (1, 16):
-        for config in (GREEDY, SamplingConfig(temperature=1.0)):
-            r = run(batch, 4, config, args)
-            print(
-                f"| {r['batch']} | {r['gamma']} | {r['temperature']:g} | "
-                f"{r['target_call_ms']:.2f} | {r['iteration_ms']:.2f} | "
-                f"{r['overhead_per_iteration_ms']:.3f} | {100 * r['overhead_share']:.1f}% | "
-                f"{r['acceptance']:.2f} |",
-                flush=True,
-            )
+    for layers in args.work_layers:
+        for batch in (1, 16):
+            for config in (GREEDY, SamplingConfig(temperature=1.0)):
+                r = run(batch, 4, config, args, layers)
+                print(
+                    f"| {r['batch']} | {r['gamma']} | {r['temperature']:g} | "
+                    f"{r['target_call_ms']:.2f} | {r['iteration_ms']:.2f} | "
+                    f"{r['overhead_per_iteration_ms']:.3f} | {100 * r['overhead_share']:.1f}% | "
+                    f"{r['acceptance']:.2f} |",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -379,9 +379,11 @@ def speculative_generate(
     while not all_done:
         t0 = time.perf_counter()
         propose = propose_fn(draft, gamma, sampling_config, first)
-        draft_tokens, draft_probs, draft_cache = jax.block_until_ready(propose(draft_cache, state))
+        draft_tokens, draft_probs, draft_cache = propose(draft_cache, state)
+        draft_probs.block_until_ready()  # one output of the call; the cache is ready with it
         t1 = time.perf_counter()
-        target_probs, target_cache = jax.block_until_ready(score(target_cache, state, draft_tokens))
+        target_probs, target_cache = score(target_cache, state, draft_tokens)
+        target_probs.block_until_ready()
         t2 = time.perf_counter()
         state, all_done = verify_commit(state, draft_tokens, draft_probs, target_probs)
         all_done, first = bool(all_done), False
