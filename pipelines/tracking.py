@@ -1,0 +1,89 @@
+"""MLflow helpers shared by every job: a local SQLite store, runs with params and tags.
+
+MLflow 3.13+ refuses the old ``./mlruns`` file store, so the default tracking URI is a
+SQLite database under the run folder (``runs/mlflow.db``); browse it with
+``mlflow ui --backend-store-uri sqlite:///<abs>/runs/mlflow.db``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pathlib
+import subprocess
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+MAX_PARAM_CHARS = 500  # MLflow rejects longer param values (limit 6000 in 3.x; keep short)
+
+
+def default_tracking_uri(run_dir: str | pathlib.Path = "runs") -> str:
+    """``sqlite:///<abs run_dir>/mlflow.db``; a relative run_dir is under the repo root."""
+    run_dir = pathlib.Path(run_dir)
+    if not run_dir.is_absolute():
+        run_dir = REPO_ROOT / run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{run_dir.resolve() / 'mlflow.db'}"
+
+
+def git_commit(repo: str | pathlib.Path = REPO_ROOT) -> str:
+    """``git rev-parse HEAD`` of ``repo``, or ``"unknown"`` outside a git checkout."""
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return result.stdout.strip() or "unknown"
+
+
+def flatten_params(params: Mapping[str, Any], *, prefix: str = "") -> dict[str, str]:
+    """Nested dicts -> ``{"a.b": "value"}``; values as strings cut at MAX_PARAM_CHARS."""
+    flat: dict[str, str] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten_params(value, prefix=f"{name}."))
+        else:
+            text = str(value)
+            if len(text) > MAX_PARAM_CHARS:
+                text = text[: MAX_PARAM_CHARS - 3] + "..."
+            flat[name] = text
+    return flat
+
+
+@contextlib.contextmanager
+def start_run(
+    experiment: str,
+    *,
+    run_name: str | None = None,
+    params: Mapping[str, Any] | None = None,
+    tags: Mapping[str, str] | None = None,
+    tracking_uri: str | None = None,
+) -> Iterator[Any]:
+    """Opens an MLflow run in ``experiment`` (created if absent); yields the active run.
+
+    Logs ``params`` flattened and tags ``git_commit`` plus ``tags``. The tracking URI
+    defaults to :func:`default_tracking_uri`.
+    """
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri or default_tracking_uri())
+    mlflow.set_experiment(experiment)
+    all_tags = {"git_commit": git_commit(), **(tags or {})}
+    with mlflow.start_run(run_name=run_name, tags=all_tags) as run:
+        if params:
+            mlflow.log_params(flatten_params(params))
+        yield run
+
+
+def log_metrics(metrics: Mapping[str, Any], step: int | None = None) -> None:
+    """Logs scalar metrics (numpy/JAX scalars converted to float) to the active run."""
+    import mlflow
+
+    mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
