@@ -103,3 +103,19 @@ def test_ray_workers_equal_inprocess(ray_local, temperature):
     assert traffic["iterations"] == sum(per_batch)
     assert traffic["bytes_per_iteration"] < rows * 4 * VOCAB * 2 + 4096
     assert traffic["bytes_per_iteration"] < rows * 4 * VOCAB * (gamma + 1)
+
+
+def test_sparse_rows_round_trip_sends_only_the_support():
+    from workers.model_worker import dense_rows, sparse_rows
+
+    dense = np.zeros((4, 10), np.float32)
+    dense[0, 3] = 1.0  # one-hot (temperature 0)
+    dense[2, [1, 5, 9]] = [0.2, 0.3, 0.5]  # top-3
+    dense[3] = 0.1  # full support
+    rows = np.array([0, 2, 3])
+    ids, values, offsets = sparse_rows(dense, rows)
+    assert offsets.tolist() == [0, 1, 4, 14]
+    assert ids[:4].tolist() == [3, 1, 5, 9]
+    np.testing.assert_array_equal(dense_rows((ids, values, offsets), rows, dense.shape), dense)
+    empty = sparse_rows(dense, np.array([], np.int64))
+    assert dense_rows(empty, np.array([], np.int64), (4, 10)).sum() == 0

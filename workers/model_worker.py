@@ -84,6 +84,33 @@ def _recover_and_propose_fn(forward, gamma: int, config: SamplingConfig, eos_id:
     return jax.jit(recover_and_propose, donate_argnums=0)
 
 
+def sparse_rows(dense: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, ...]:
+    """The non-zero entries of ``dense[rows]`` ([B, V]) as (ids, values, offsets [R+1]).
+
+    The target's distribution at the rejection point is one-hot at temperature 0 and
+    has k entries under top-k, so sending only its support keeps traffic small
+    without changing a single value.
+    """
+    ids, values, offsets = [], [], [0]
+    for row in rows:
+        nonzero = np.flatnonzero(dense[row])
+        ids.append(nonzero.astype(np.int32))
+        values.append(dense[row, nonzero])
+        offsets.append(offsets[-1] + len(nonzero))
+    if not ids:
+        return np.zeros(0, np.int32), np.zeros(0, dense.dtype), np.zeros(1, np.int64)
+    return np.concatenate(ids), np.concatenate(values), np.asarray(offsets, np.int64)
+
+
+def dense_rows(sparse: tuple[np.ndarray, ...], rows: np.ndarray, shape) -> np.ndarray:
+    """Inverse of :func:`sparse_rows`: a [B, V] float32 array, zero outside ``rows``."""
+    ids, values, offsets = sparse
+    dense = np.zeros(shape, np.float32)
+    for i, row in enumerate(rows):
+        dense[row, ids[offsets[i] : offsets[i + 1]]] = values[offsets[i] : offsets[i + 1]]
+    return dense
+
+
 class ModelWorker:
     """Hosts one model; see the module docstring for the protocol."""
 
@@ -125,11 +152,13 @@ class ModelWorker:
     def score(
         self, batch_id: str, state, draft_tokens, draft_token_probs, settings: DecodeSettings
     ):
+        """n_accepted [B], and p at the rejection point of each active row (sparse)."""
         fn = _score_and_count_fn(self.model.forward, settings.sampling)
         n_accepted, target_at_n, self._caches[batch_id] = fn(
             self._caches[batch_id], state, draft_tokens, draft_token_probs
         )
-        return np.asarray(n_accepted), np.asarray(target_at_n)
+        active = np.flatnonzero(~np.asarray(state.done))
+        return np.asarray(n_accepted), sparse_rows(np.asarray(target_at_n), active)
 
     def recover_and_propose(
         self, batch_id: str, state, n_accepted, target_at_n, settings: DecodeSettings
@@ -138,6 +167,8 @@ class ModelWorker:
             self.model.forward, settings.gamma, settings.sampling, settings.eos_id
         )
         draft_tokens, draft_probs = self._proposals[batch_id]
+        active = np.flatnonzero(~np.asarray(state.done))
+        target_at_n = dense_rows(target_at_n, active, draft_probs.shape[::2])
         next_token, tokens, probs, token_probs, self._caches[batch_id] = fn(
             self._caches[batch_id], state, draft_tokens, draft_probs, n_accepted, target_at_n
         )
