@@ -1,0 +1,201 @@
+"""Typed model/training configs loaded from YAML (``configs/models/<name>.yaml``).
+
+Schema (every section optional except ``model``; unknown keys are an error that names
+the key and the file)::
+
+    name: ende_target            # run/checkpoint name; defaults to the file's stem
+    family: t5                   # "t5" (models/t5.T5Config) | "decoder" (DecoderConfig)
+    model: {...}                 # the family's config fields (vocab_size, emb_dim, ...)
+    data: {...}                  # DataConfig
+    train: {...}                 # TrainConfig
+    checkpoint: {...}            # CheckpointConfig
+    teacher: null                # distillation teacher: a model YAML or a T5X checkpoint
+                                 # folder (which then needs teacher_config: a model YAML)
+
+Relative paths (data, vocabulary, checkpoints, teacher) are relative to the repository
+root, so a config means the same thing from any working directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from specdec_core.models import decoder, t5
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+FAMILIES = {"t5": t5.T5Config, "decoder": decoder.DecoderConfig}
+
+
+class ConfigError(ValueError):
+    """A config file is malformed: names the file and the offending key."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    task: str = "ding_ende"  # seqio task name (registered by pipelines.tasks)
+    source: str = "seqio"  # "seqio": the task; "tsv": TSV + SentencePiece directly (no TF)
+    data_dir: str = "assets/data/ding"  # the Ding TSV splits
+    vocab_path: str = "assets/spm/ende.model"  # SentencePiece model (pad=0, eos=1, unk=2)
+    max_input_length: int = 64  # longer inputs are trimmed (EOS kept last)
+    max_target_length: int = 64  # longer targets are trimmed (EOS kept last)
+    sentence_weight: float = 1.0  # sampling weight of full-sentence pairs vs phrases (1)
+    eval_split: str = "validation"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    seed: int = 0
+    max_steps: int = 20_000  # total optimizer steps (--max-steps overrides)
+    tokens_per_batch: int = 2048  # padded encoder tokens per batch (batch size per bucket)
+    max_batch_size: int = 256  # cap for buckets of short examples
+    optimizer: str = "adamw"  # "adamw" | "adafactor"
+    learning_rate: float = 1e-3
+    warmup_steps: int = 500
+    schedule: str = "rsqrt"  # "rsqrt" | "cosine" | "constant"
+    weight_decay: float = 0.0
+    clip_norm: float = 1.0  # global gradient norm clip; 0 = none
+    label_smoothing: float = 0.0
+    z_loss: float = 0.0
+    distill_weight: float = 0.0  # KL-to-teacher weight (needs `teacher`)
+    distill_temperature: float = 1.0
+    log_every: int = 20  # steps between progress lines / MLflow train metrics
+    eval_every: int = 500  # steps between evaluations
+    eval_examples: int = 512  # validation examples for loss/accuracy
+    bleu_examples: int = 128  # validation examples greedily decoded for BLEU (0 = off)
+    samples: int = 3  # greedy sample translations printed per evaluation
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    train_dir: str = ""  # resumable f32 checkpoints + optimizer state; "" = runs/train/<name>
+    export_dir: str = ""  # params-only checkpoints to commit; "" = assets/checkpoints/<name>
+    export_dtype: str = "bfloat16"  # storage dtype of the exported params
+    every_steps: int = 0  # save every N steps (0 = by time only)
+    every_seconds: float = 600.0  # save at least this often (0 = by steps only)
+    keep: int = 2  # training checkpoints kept (exports keep only the latest)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelFileConfig:
+    """One parsed ``configs/models/<name>.yaml``."""
+
+    name: str
+    family: str
+    model: t5.T5Config | decoder.DecoderConfig
+    data: DataConfig
+    train: TrainConfig
+    checkpoint: CheckpointConfig
+    teacher: str | None  # a model YAML or a checkpoint folder (resolved path), or None
+    teacher_config: str | None  # model YAML for a checkpoint-folder teacher
+    path: str  # the file this came from
+
+    @property
+    def train_dir(self) -> pathlib.Path:
+        return resolve(self.checkpoint.train_dir or f"runs/train/{self.name}")
+
+    @property
+    def export_dir(self) -> pathlib.Path:
+        return resolve(self.checkpoint.export_dir or f"assets/checkpoints/{self.name}")
+
+
+def resolve(path: str | pathlib.Path) -> pathlib.Path:
+    """A path relative to the repository root (absolute paths pass through)."""
+    path = pathlib.Path(path)
+    return path if path.is_absolute() else REPO_ROOT / path
+
+
+def _coerce(value: Any, annotation: Any, *, key: str, file: str) -> Any:
+    """Checks a YAML scalar/list against a dataclass field's type; int -> float allowed."""
+    hint = annotation if not isinstance(annotation, str) else None
+    if hint is None:
+        return value
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(hint):
+            return None
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        origin = typing.get_origin(hint)
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"{file}: {key} must be a list, got {value!r}")
+        return tuple(value)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float, str, bool) and not (
+        isinstance(value, hint) and not (hint is int and isinstance(value, bool))
+    ):
+        raise ConfigError(f"{file}: {key} must be {hint.__name__}, got {value!r}")
+    return value
+
+
+def build_dataclass(cls: type, values: Mapping[str, Any] | None, *, section: str, file: str):
+    """``cls(**values)`` with unknown keys and wrong types reported by key and file."""
+    values = dict(values or {})
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(values) - fields)
+    if unknown:
+        raise ConfigError(
+            f"{file}: unknown key {section}.{unknown[0]} (known: {', '.join(sorted(fields))})"
+        )
+    coerced = {
+        k: _coerce(v, hints.get(k), key=f"{section}.{k}", file=file) for k, v in values.items()
+    }
+    try:
+        return cls(**coerced)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{file}: invalid {section}: {error}") from error
+
+
+TOP_LEVEL_KEYS = ("name", "family", "model", "data", "train", "checkpoint", "teacher")
+TOP_LEVEL_KEYS += ("teacher_config",)
+
+
+def load_model_config(path: str | pathlib.Path) -> ModelFileConfig:
+    """Parses one model YAML; raises ConfigError naming the file and key on any problem."""
+    path = resolve(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    file = str(path)
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{file}: top level must be a mapping, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(TOP_LEVEL_KEYS))
+    if unknown:
+        raise ConfigError(f"{file}: unknown key {unknown[0]} (known: {', '.join(TOP_LEVEL_KEYS)})")
+    family = raw.get("family", "t5")
+    if family not in FAMILIES:
+        raise ConfigError(f"{file}: family must be one of {sorted(FAMILIES)}, got {family!r}")
+    if "model" not in raw:
+        raise ConfigError(f"{file}: missing key model")
+    teacher = raw.get("teacher")
+    teacher_config = raw.get("teacher_config")
+    return ModelFileConfig(
+        name=str(raw.get("name", path.stem)),
+        family=family,
+        model=build_dataclass(FAMILIES[family], raw["model"], section="model", file=file),
+        data=build_dataclass(DataConfig, raw.get("data"), section="data", file=file),
+        train=build_dataclass(TrainConfig, raw.get("train"), section="train", file=file),
+        checkpoint=build_dataclass(
+            CheckpointConfig, raw.get("checkpoint"), section="checkpoint", file=file
+        ),
+        teacher=str(resolve(teacher)) if teacher else None,
+        teacher_config=str(resolve(teacher_config)) if teacher_config else None,
+        path=file,
+    )
+
+
+def param_count(config: t5.T5Config | decoder.DecoderConfig) -> int:
+    """Number of parameters ``init_params`` would make (from shapes, no memory)."""
+    import jax
+
+    module = t5 if isinstance(config, t5.T5Config) else decoder
+    shapes = jax.eval_shape(lambda: module.init_params(config, jax.random.key(0)))
+    return sum(int(x.size) for x in jax.tree.leaves(shapes))

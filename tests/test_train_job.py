@@ -1,0 +1,119 @@
+"""pipelines.configs (typed YAML, errors that name key and file) and the training job
+end to end on a tiny model and a tiny TSV corpus: checkpoints, export, resume."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from pipelines import configs, train
+from specdec_core import checkpoints
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+TINY_YAML = """
+name: tiny
+family: t5
+model: {{vocab_size: 8000, emb_dim: 16, num_heads: 2, head_dim: 8, mlp_dim: 16,
+         num_encoder_layers: 1, num_decoder_layers: 1, logits_via_embedding: true}}
+data: {{source: tsv, data_dir: {data}, sentence_weight: 2}}
+train: {{max_steps: 4, tokens_per_batch: 64, max_batch_size: 8, warmup_steps: 2,
+         log_every: 2, eval_every: 4, eval_examples: 4, bleu_examples: 2, samples: 1}}
+checkpoint: {{train_dir: {out}/train, export_dir: {out}/export, every_steps: 2, keep: 1}}
+"""
+
+PAIRS = [
+    ("The house is small.", "Das Haus ist klein."),
+    ("good morning", "guten Morgen"),
+    ("I am tired!", "Ich bin müde!"),
+    ("water", "Wasser"),
+]
+
+
+@pytest.fixture
+def tiny_config(tmp_path) -> pathlib.Path:
+    data = tmp_path / "data"
+    data.mkdir()
+    lines = "".join(f"{en}\t{de}\n" for en, de in PAIRS)
+    for split in ("train", "validation", "test"):
+        (data / f"{split}.tsv").write_text(lines, encoding="utf-8")
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY_YAML.format(data=data, out=tmp_path), encoding="utf-8")
+    return path
+
+
+def test_committed_model_configs_load_with_the_vocabulary_size():
+    sizes = {}
+    for name in ("ende_target", "ende_draft_small", "ende_draft_base"):
+        loaded = configs.load_model_config(REPO_ROOT / "configs" / "models" / f"{name}.yaml")
+        assert loaded.name == name
+        assert loaded.model.vocab_size == 8000
+        assert loaded.export_dir == REPO_ROOT / "assets" / "checkpoints" / name
+        sizes[name] = configs.param_count(loaded.model)
+    assert sizes["ende_draft_small"] < sizes["ende_draft_base"] < sizes["ende_target"] / 5
+    # all three in bfloat16 fit the 60 MB budget for committed checkpoints
+    assert 2 * sum(sizes.values()) < 60e6
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("model: {}\nbogus: 1\n", "unknown key bogus"),
+        ("model: {vocab_size: 8, emb_dim: 4, num_heads: 1, wings: 2}\n", "unknown key model.wings"),
+        ("model: {}\ntrain: {learning_rate: fast}\n", "train.learning_rate must be float"),
+        ("model: {}\ntrain: {max_steps: 1.5}\n", "train.max_steps must be int"),
+        ("family: rnn\nmodel: {}\n", "family must be one of"),
+        ("data: {}\n", "missing key model"),
+    ],
+)
+def test_config_errors_name_the_key_and_the_file(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(configs.ConfigError, match=message) as error:
+        configs.load_model_config(path)
+    assert str(path) in str(error.value)
+
+
+def test_sampler_is_deterministic_per_step_and_batches_shift_targets(tiny_config):
+    model_file = configs.load_model_config(tiny_config)
+    examples = train.load_examples(model_file.data, "train")
+    assert examples.is_sentence.tolist() == [True, False, True, False]
+    sampler = train.BucketSampler.build(examples, model_file.train, sentence_weight=2.0)
+    key, indices = sampler.draw(3)
+    again_key, again = sampler.draw(3)
+    assert key == again_key
+    np.testing.assert_array_equal(indices, again)
+    assert set(indices.tolist()) <= set(sampler.buckets[key].tolist())
+    assert len(indices) == sampler.batch_size(key) == 8  # 64 tokens // 16 -> 4, at least 8
+    batch = train.make_batch(examples, [3], input_len=16, target_len=8)
+    target = batch["decoder_target_tokens"][0]
+    assert target[target > 0][-1] == train.EOS_ID
+    length = int((target > 0).sum())
+    np.testing.assert_array_equal(batch["decoder_input_tokens"][0, 1:length], target[: length - 1])
+    assert not batch["decoder_input_tokens"][0, length:].any()  # EOS is never an input
+    assert batch["decoder_input_tokens"][0, 0] == 0
+
+
+@pytest.mark.slow
+def test_train_job_checkpoints_exports_and_resumes(tiny_config, tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert train.main(["--config", str(tiny_config), "--tracking-uri", uri]) == 0
+    model_file = configs.load_model_config(tiny_config)
+    assert [step for step, _ in train.complete_checkpoints(model_file.train_dir)] == [4]
+    info = json.loads((model_file.export_dir / "training.json").read_text())
+    assert info["step"] == 4 and set(info["validation"]) >= {"loss", "accuracy", "bleu"}
+    exported = checkpoints.load_t5x(model_file.export_dir / "checkpoint_4")
+    assert exported["decoder"]["decoder_norm"]["scale"].dtype.name == "bfloat16"
+    trainer = train.Trainer(model_file, max_steps=6)
+    params, _, run = trainer.initial_state(resume=True)
+    assert run.step == 4 and run.last_eval == info["validation"]
+    saved = checkpoints.load_t5x(model_file.train_dir / "checkpoint_4")
+    np.testing.assert_array_equal(
+        np.asarray(params["token_embedder"]["embedding"]), saved["token_embedder"]["embedding"]
+    )
+    final = trainer.fit(resume=True, tracking_uri=uri, command="test")
+    assert final.step == 6
+    assert [step for step, _ in train.complete_checkpoints(model_file.train_dir)] == [6]
