@@ -1,0 +1,175 @@
+"""``--target`` / ``--draft`` values -> :class:`workers.spec.ModelSpec`.
+
+A model reference is one of
+
+- a **model config name**: ``configs/models/NAME.yaml`` (``ende_target``,
+  ``ende_draft_small``, ...), read with the strict loader of :mod:`pipelines.configs`;
+  its checkpoint is the config's export folder (``assets/checkpoints/NAME``);
+- a **path** to a model config YAML (anything ending in ``.yaml``/``.yml`` or holding a
+  path separator);
+- a **registry preset** (:mod:`specdec_core.models.registry`), optionally with config
+  overrides: ``t5_tiny_test:vocab_size=8000,num_decoder_layers=1`` (values parsed as
+  YAML scalars; ``init_seed=N`` sets the random init's seed).
+
+A preset has no weights, and neither does a config whose checkpoint is not there yet:
+both need ``allow_random_init`` (the ``--allow-random-init`` test flag), otherwise
+resolution fails saying which checkpoint is needed. Unknown names fail listing the
+known config names and presets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any
+
+import yaml
+
+from workers.spec import ModelSpec
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO_ROOT / "configs" / "models"
+DEFAULT_TARGET = "ende_target"  # the embedded pair, trained by pipelines.train
+DEFAULT_DRAFT = "ende_draft_small"
+DEFAULT_VOCAB = REPO_ROOT / "assets" / "spm" / "ende.model"
+
+
+class ModelResolutionError(ValueError):
+    """A model reference names nothing usable (unknown, no checkpoint, bad override)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ResolvedModel:
+    spec: ModelSpec
+    source: str  # the config file, or "preset:NAME[:overrides]"
+    vocab_path: str | None  # the config's SentencePiece model; None for presets
+    random_init: bool  # True: no checkpoint, params from spec.init_seed
+
+    def describe(self) -> dict[str, Any]:
+        """Names and locations, for MLflow params and the printed summary."""
+        return {
+            "name": self.spec.name,
+            "family": self.spec.family,
+            "source": self.source,
+            "checkpoint": self.spec.checkpoint or f"random init (seed {self.spec.init_seed})",
+        }
+
+
+def config_names() -> list[str]:
+    """Model config names under ``configs/models``."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")) if CONFIG_DIR.is_dir() else []
+
+
+def _looks_like_path(ref: str) -> bool:
+    return ref.endswith((".yaml", ".yml")) or "/" in ref or "\\" in ref
+
+
+def resolve_model(
+    ref: str, *, role: str, allow_random_init: bool = False, init_seed: int = 0
+) -> ResolvedModel:
+    """Resolves one ``--target``/``--draft`` value (``role`` names the flag in errors)."""
+    from specdec_core.models import registry
+
+    if _looks_like_path(ref):
+        return _from_config_file(pathlib.Path(ref), role=role, allow_random_init=allow_random_init)
+    if ref in config_names():
+        return _from_config_file(
+            CONFIG_DIR / f"{ref}.yaml", role=role, allow_random_init=allow_random_init
+        )
+    name = ref.split(":", 1)[0]
+    if name in registry.names():
+        return _from_preset(ref, role=role, allow_random_init=allow_random_init, seed=init_seed)
+    raise ModelResolutionError(
+        f"--{role}: unknown model {ref!r}. Model configs (configs/models): "
+        f"{', '.join(config_names()) or 'none'}; registry presets: {', '.join(registry.names())}; "
+        "or give a path to a model config YAML"
+    )
+
+
+def _has_checkpoint(folder: pathlib.Path) -> bool:
+    return folder.is_dir() and any(folder.iterdir())
+
+
+def _from_config_file(path: pathlib.Path, *, role: str, allow_random_init: bool) -> ResolvedModel:
+    from pipelines import configs
+
+    if not path.is_absolute() and not path.exists():
+        path = REPO_ROOT / path  # a repository path given from another folder
+    if not path.is_file():
+        raise ModelResolutionError(f"--{role}: model config not found: {path}")
+    model_file = configs.load_model_config(path.resolve())
+    checkpoint = model_file.export_dir
+    random_init = not _has_checkpoint(checkpoint)
+    if random_init and not allow_random_init:
+        raise ModelResolutionError(
+            f"--{role}: model {model_file.name!r} ({model_file.path}) has no checkpoint at "
+            f"{checkpoint}; train it with `python -m pipelines.train --config {model_file.path}` "
+            "(or pass --allow-random-init to run untrained weights, for tests only)"
+        )
+    spec = ModelSpec(
+        name=model_file.name,
+        family=model_file.family,
+        config=model_file.model,
+        checkpoint=None if random_init else str(checkpoint),
+        init_seed=0,
+    )
+    vocab = str(configs.resolve(model_file.data.vocab_path))
+    return ResolvedModel(
+        spec=spec, source=model_file.path, vocab_path=vocab, random_init=random_init
+    )
+
+
+def parse_overrides(text: str, *, role: str) -> dict[str, Any]:
+    """``a=1,b=x`` -> ``{"a": 1, "b": "x"}`` (values as YAML scalars)."""
+    overrides: dict[str, Any] = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ModelResolutionError(
+                f"--{role}: override {item!r} is not key=value (e.g. t5_tiny_test:vocab_size=8000)"
+            )
+        overrides[key.strip()] = yaml.safe_load(value)
+    return overrides
+
+
+def _from_preset(ref: str, *, role: str, allow_random_init: bool, seed: int) -> ResolvedModel:
+    from specdec_core.models import registry
+
+    name, _, override_text = ref.partition(":")
+    if not allow_random_init:
+        raise ModelResolutionError(
+            f"--{role}: {name!r} is a registry preset: it has an architecture but no "
+            "checkpoint. Give a model config with a trained checkpoint "
+            f"({', '.join(config_names()) or 'configs/models/*.yaml'}), "
+            "or pass --allow-random-init to run random weights (tests only)"
+        )
+    overrides = parse_overrides(override_text, role=role)
+    init_seed = int(overrides.pop("init_seed", seed))
+    try:
+        config = registry.get_config(name, **overrides)
+    except (ValueError, TypeError) as error:
+        raise ModelResolutionError(f"--{role}: {error}") from error
+    family = registry.PRESETS[name].family
+    spec = ModelSpec(name=name, family=family, config=config, checkpoint=None, init_seed=init_seed)
+    return ResolvedModel(spec=spec, source=f"preset:{ref}", vocab_path=None, random_init=True)
+
+
+def check_pair(target: ResolvedModel, draft: ResolvedModel, *, vocab_size: int) -> None:
+    """Both models encoder-decoder, one vocabulary size, large enough for the tokenizer."""
+    for role, model in (("target", target), ("draft", draft)):
+        if model.spec.family != "t5":
+            raise ModelResolutionError(
+                f"--{role}: {model.spec.name!r} is a {model.spec.family} model; translate and "
+                "summarize jobs run encoder-decoder (t5) models"
+            )
+        if model.spec.config.vocab_size < vocab_size:
+            raise ModelResolutionError(
+                f"--{role}: {model.spec.name!r} has vocab_size {model.spec.config.vocab_size} "
+                f"but the SentencePiece model has {vocab_size} pieces"
+            )
+    if target.spec.config.vocab_size != draft.spec.config.vocab_size:
+        raise ModelResolutionError(
+            f"draft {draft.spec.name!r} has vocab_size {draft.spec.config.vocab_size} but "
+            f"target {target.spec.name!r} has {target.spec.config.vocab_size}: they must share "
+            "a vocabulary"
+        )
