@@ -1,8 +1,17 @@
 """The ``specdec`` command line.
 
 Subcommands:
-  demo   speculative vs target-only decoding on stub models, in one run (until the
-         trained En→De pair lands, this is the main job of the README).
+  translate  the En→De Beam job: input file or seqio split -> output JSONL + dead letters,
+             MLflow run, summary table (``--compare-baseline`` measures the speedup)
+  summarize  the same job for ``article -> summary`` (ROUGE when references exist)
+  ui         the MLflow UI on 127.0.0.1 over the jobs' tracking store
+  prepare    writes the Ding En-De splits (``python -m pipelines.data.ding``)
+  demo       speculative vs target-only decoding on stub models, in one run
+
+Arguments after a lone ``--`` go to Beam as pipeline options
+(``specdec translate ... -- --runner=DirectRunner``). User errors (missing file,
+unknown model, bad config key, bad value) print one ``specdec: error:`` line and exit
+with status 2; ``SPECDEC_DEBUG=1`` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -10,9 +19,14 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
+import pathlib
+import subprocess
 import sys
 
 import numpy as np
+
+from pipelines.io import PartitionError
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -89,9 +103,171 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ranged(kind, name: str, *, low=None, high=None, low_open=False):
+    """An argparse type that checks ``low <= x <= high`` (``low < x`` when low_open)."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            message = f"{name} must be {kind.__name__}, got {text!r}"
+            raise argparse.ArgumentTypeError(message) from None
+        if low is not None and (value <= low if low_open else value < low):
+            raise argparse.ArgumentTypeError(
+                f"{name} must be {'>' if low_open else '>='} {low}, got {text}"
+            )
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"{name} must be <= {high}, got {text}")
+        return value
+
+    return parse
+
+
+def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
+    """The flags of translate/summarize (the CLI contract of issue 5)."""
+    add = parser.add_argument
+    add(
+        "--input", required=True, help="text, TSV (source<TAB>reference), JSONL or seqio:TASK:SPLIT"
+    )
+    add("--output", required=True, help="output JSONL")
+    add("--target", default=None, help="model config name or YAML path (default ende_target)")
+    add("--draft", default=None, help="model config name or YAML path (default ende_draft_small)")
+    add(
+        "--gamma",
+        type=_ranged(int, "--gamma", low=1),
+        default=4,
+        help="drafted tokens per iteration",
+    )
+    add("--temperature", type=_ranged(float, "--temperature", low=0.0), default=0.0)
+    add("--top-k", type=_ranged(int, "--top-k", low=0), default=0, help="0 = off")
+    add("--top-p", type=_ranged(float, "--top-p", low=0.0, high=1.0, low_open=True), default=1.0)
+    add("--seed", type=int, default=0, help="job seed (with the record id it fixes every draw)")
+    add("--batch-size", type=_ranged(int, "--batch-size", low=1), default=1)
+    add("--workers", choices=("ray", "inprocess"), default="ray")
+    add("--compare-baseline", action="store_true", help="also decode with the target alone")
+    add("--summary-json", default=None, help="write the summary here")
+    add(
+        "--tracking-uri",
+        default=None,
+        help="MLflow store (default sqlite:///<repo>/runs/mlflow.db)",
+    )
+    add("--ray-address", default=None, help="join this Ray cluster (default: a local instance)")
+    add(
+        "--max-new-tokens",
+        type=_ranged(int, "--max-new-tokens", low=1),
+        default=None,
+        help=f"generated tokens per record at most (default {kind.max_new_tokens})",
+    )
+    add(
+        "--max-input-tokens",
+        type=_ranged(int, "--max-input-tokens", low=1),
+        default=None,
+        help=f"longer inputs are dead letters (default {kind.max_input_tokens})",
+    )
+    add("--dead-letter", default=None, help="dead-letter JSONL (default <output>.dead.jsonl)")
+    add("--limit", type=_ranged(int, "--limit", low=1), default=None, help="read at most N records")
+    add("--vocab", default=None, help="SentencePiece model (default: the target config's)")
+    add(
+        "--allow-random-init",
+        action="store_true",
+        help="run models without checkpoints on random weights (tests only)",
+    )
+    add("--no-warmup", action="store_true", help="time the first batch of each shape too")
+    add("--quiet", action="store_true", help="no progress lines")
+    parser.set_defaults(func=functools.partial(_job, kind.name))
+
+
+def _job(kind_name: str, args: argparse.Namespace) -> int:
+    from pipelines import job_report, translate
+
+    job = translate.make_job(
+        translate.KINDS[kind_name],
+        input=args.input,
+        output=args.output,
+        target=args.target,
+        draft=args.draft,
+        gamma=args.gamma,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+        max_input_tokens=args.max_input_tokens,
+        workers=args.workers,
+        compare_baseline=args.compare_baseline,
+        dead_letter=args.dead_letter,
+        vocab=args.vocab,
+        allow_random_init=args.allow_random_init,
+        limit=args.limit,
+        ray_address=args.ray_address,
+        tracking_uri=args.tracking_uri,
+        summary_json=args.summary_json,
+        beam_args=tuple(args.beam_args),
+        warmup=not args.no_warmup,
+        progress=not args.quiet,
+    )
+    print(f"specdec {kind_name}: {job.input} -> {job.output}", file=sys.stderr, flush=True)
+    summary = translate.run_job(job)
+    print(job_report.format_summary(job, summary))
+    if summary["records_out"] == 0:
+        print(f"specdec: error: every record failed; see {job.dead_letter}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def ui_command(tracking_uri: str, port: int) -> list[str]:
+    """``mlflow ui`` on 127.0.0.1 over ``tracking_uri`` (the venv's mlflow when present)."""
+    local = pathlib.Path(sys.executable).parent / "mlflow"
+    executable = str(local) if local.exists() else "mlflow"
+    return [executable, "ui", "--backend-store-uri", tracking_uri, "--host", "127.0.0.1",
+            "--port", str(port)]  # fmt: skip
+
+
+def _ui(args: argparse.Namespace) -> int:
+    from pipelines import tracking
+
+    uri = args.tracking_uri or tracking.default_tracking_uri()
+    command = ui_command(uri, args.port)
+    print(f"MLflow UI for {uri}: http://127.0.0.1:{args.port}  (Ctrl-C stops it)", flush=True)
+    if args.dry_run:
+        print(" ".join(command))
+        return 0
+    try:
+        return subprocess.run(command, check=False).returncode
+    except KeyboardInterrupt:
+        return 0
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    """``specdec prepare ARGS`` = ``python -m pipelines.data.ding ARGS``."""
+    from pipelines.data import ding
+
+    try:
+        ding.main(args.ding_args)
+    except SystemExit as exit_:  # its own argparse (--help, bad flags)
+        return int(exit_.code or 0)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from pipelines import translate
+
     parser = argparse.ArgumentParser(prog="specdec", description="Speculative decoding jobs.")
     sub = parser.add_subparsers(dest="command", required=True)
+    for kind in (translate.TRANSLATE, translate.SUMMARIZE):
+        job = sub.add_parser(kind.name, help=f"the {kind.name} Beam job (speculative decoding)")
+        _add_job_arguments(job, kind)
+    ui = sub.add_parser("ui", help="MLflow UI on 127.0.0.1 over the jobs' store")
+    ui.add_argument("--tracking-uri", default=None, help="default: the jobs' default store")
+    ui.add_argument("--port", type=_ranged(int, "--port", low=1, high=65535), default=5000)
+    ui.add_argument("--dry-run", action="store_true", help="print the command, do not start it")
+    ui.set_defaults(func=_ui)
+    prepare = sub.add_parser("prepare", help="write the Ding En-De splits (pipelines.data.ding)")
+    prepare.add_argument(
+        "ding_args", nargs=argparse.REMAINDER, help="arguments for pipelines.data.ding"
+    )
+    prepare.set_defaults(func=_prepare)
     demo = sub.add_parser("demo", help="speculative vs target-only decoding on stub models")
     demo.add_argument("--gamma", type=int, default=4)
     demo.add_argument("--temperature", type=float, default=0.0)
@@ -106,13 +282,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _split_beam_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``[..., "--", beam options...]`` -> (specdec args, Beam pipeline options)."""
+    if "--" in argv:
+        at = argv.index("--")
+        return argv[:at], argv[at + 1 :]
+    return argv, []
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Runs one subcommand; returns the exit status (2 for usage and input errors)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, beam_args = (
+        _split_beam_args(argv) if argv[:1] in (["translate"], ["summarize"]) else (argv, [])
+    )
+    is_prepare = own[:1] == ["prepare"]  # everything after it belongs to pipelines.data.ding
+    try:
+        args = build_parser().parse_args(own[:1] if is_prepare else own)
+    except SystemExit as exit_:  # argparse has printed its message
+        return int(exit_.code or 0)
+    args.beam_args = beam_args
+    if is_prepare:
+        args.ding_args = own[1:]
     try:
         return args.func(args)
-    except ValueError as err:
+    except (ValueError, FileNotFoundError, IsADirectoryError, PermissionError) as err:
+        if os.environ.get("SPECDEC_DEBUG"):
+            raise
         print(f"specdec: error: {err}", file=sys.stderr)
         return 2
+    except PartitionError as err:  # a record was lost: loud, and not a usage error
+        print(f"specdec: error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

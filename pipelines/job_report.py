@@ -1,0 +1,327 @@
+"""What a finished job reports: its summary figures, the printed table, its MLflow run.
+
+Everything here is computed from the rows the job wrote (output JSONL rows carry the
+per-record statistics and the id of the batch they were decoded in), so it does not
+depend on the runner. Terms:
+
+- *tokens per iteration* (``mean_accepted_length``): accepted drafted tokens plus the
+  one token each iteration adds (recovered or bonus), per iteration;
+- *speedup*: speculative tokens/s over target-alone tokens/s on the same records in
+  the same job (``--compare-baseline``); at T=0 both produce the same tokens, so this
+  is the ratio of decoding times;
+- *c_estimate*: the cost coefficient c implied by the timings if one verification
+  costs one target step (the paper's assumption; on CPU it costs more, so this reads
+  high).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pipelines import io
+from workers.batching import DecodeSettings
+
+if TYPE_CHECKING:
+    from pipelines.translate import JobConfig
+
+# ------------------------------------------------------------------------ summary
+
+
+def _wall_s(rows: Iterable[dict], key: str) -> float:
+    """Seconds over distinct batches (rows of one batch share its wall time)."""
+    per_batch = {row["batch"]: row[key] for row in rows}
+    return sum(per_batch.values()) / 1e3
+
+
+def _per_batch_max(rows: Iterable[dict], key: str) -> int:
+    """Σ over batches of the largest ``key``: loop steps a padded batch runs."""
+    maxima: dict[str, int] = {}
+    for row in rows:
+        maxima[row["batch"]] = max(maxima.get(row["batch"], 0), row[key])
+    return sum(maxima.values())
+
+
+def acceptance_by_position(rows: Sequence[dict], gamma: int) -> list[float]:
+    """Fraction of draft blocks whose token at position i was accepted, i = 1..γ."""
+    blocks = sum(row["drafted"] for row in rows) / gamma
+    if not blocks:
+        return []
+    return [sum(row["accepted_by_position"][i] for row in rows) / blocks for i in range(gamma)]
+
+
+def cost_coefficient(rows: Sequence[dict], gamma: int) -> float | None:
+    """c implied by the timings, if a verification costs one target step (paper, §3).
+
+    One target step: baseline seconds per baseline step; one iteration: speculative
+    seconds per iteration = γ·c·t + t. Needs --compare-baseline.
+    """
+    if not rows or "baseline_wall_ms" not in rows[0]:
+        return None
+    target_step = _wall_s(rows, "baseline_wall_ms") / max(
+        _per_batch_max(rows, "baseline_tokens"), 1
+    )
+    iteration = _wall_s(rows, "wall_ms") / max(_per_batch_max(rows, "iterations"), 1)
+    return (iteration / target_step - 1.0) / gamma if target_step > 0 else None
+
+
+def quality(rows: Sequence[dict], metric: str) -> dict[str, float | None]:
+    """BLEU (sacrebleu) or ROUGE-1/2/L F1 ×100 (rouge-score) over rows with references."""
+    scored = [row for row in rows if row.get("reference")]
+    result: dict[str, float | None] = {"bleu": None, "rouge1": None, "rouge2": None, "rougeL": None}
+    if not scored:
+        return result
+    outputs = [row["output"] for row in scored]
+    references = [row["reference"] for row in scored]
+    if metric == "bleu":
+        import sacrebleu
+
+        result["bleu"] = float(sacrebleu.corpus_bleu(outputs, [references]).score)
+    else:
+        from rouge_score import rouge_scorer
+
+        names = ("rouge1", "rouge2", "rougeL")
+        scorer = rouge_scorer.RougeScorer(list(names), use_stemmer=True)
+        scores = [scorer.score(ref, out) for ref, out in zip(references, outputs, strict=True)]
+        for name in names:
+            result[name] = 100.0 * sum(s[name].fmeasure for s in scores) / len(scores)
+    return result
+
+
+def compute_summary(
+    rows: Sequence[dict],
+    dead: Sequence[dict],
+    *,
+    records_in: int,
+    settings: DecodeSettings,
+    compare_baseline: bool,
+    quality_metric: str,
+) -> dict[str, Any]:
+    """The job's summary (the ``--summary-json`` fields) from its output rows."""
+    from specdec_core import theory
+
+    tokens = sum(row["tokens"] for row in rows)
+    iterations = sum(row["iterations"] for row in rows)
+    drafted = sum(row["drafted"] for row in rows)
+    accepted = sum(row["accepted"] for row in rows)
+    spec_s = _wall_s(rows, "wall_ms")
+    alpha = accepted / drafted if drafted else None
+    summary: dict[str, Any] = {
+        "records_in": records_in,
+        "records_out": len(rows),
+        "records_failed": len(dead),
+        "failed_by_reason": {
+            r: n for r in io.REASONS if (n := sum(d["reason"] == r for d in dead))
+        },
+        "speedup": None,
+        "alpha": alpha,
+        "mean_accepted_length": (accepted + iterations) / iterations if iterations else None,
+        "predicted_tokens_per_iteration": (
+            theory.expected_tokens(min(alpha, 1.0), settings.gamma) if alpha is not None else None
+        ),
+        "c_estimate": None,
+        "tokens": tokens,
+        "decode_s": spec_s,
+        "tokens_per_s": tokens / spec_s if spec_s > 0 else None,
+        "baseline_tokens_per_s": None,
+        "identical_to_baseline": None,
+        "acceptance_by_position": acceptance_by_position(rows, settings.gamma),
+    }
+    if compare_baseline and rows:
+        base_s = _wall_s(rows, "baseline_wall_ms")
+        base_tps = sum(row["baseline_tokens"] for row in rows) / base_s if base_s > 0 else None
+        summary["baseline_tokens_per_s"] = base_tps
+        if base_tps and summary["tokens_per_s"]:
+            summary["speedup"] = summary["tokens_per_s"] / base_tps
+        summary["c_estimate"] = cost_coefficient(rows, settings.gamma)
+        if settings.sampling.greedy:
+            summary["identical_to_baseline"] = all(row["matches_baseline"] for row in rows)
+    summary |= quality(rows, quality_metric)
+    return summary
+
+
+# ------------------------------------------------------------------------ MLflow
+
+
+def _artifact_root(tracking_uri: str) -> str | None:
+    """``<db folder>/mlartifacts`` for a SQLite store (else MLflow's default: ./mlruns)."""
+    prefix = "sqlite:///"
+    if not tracking_uri.startswith(prefix):
+        return None
+    return str(pathlib.Path(tracking_uri[len(prefix) :]).resolve().parent / "mlartifacts")
+
+
+def ensure_experiment(name: str, tracking_uri: str) -> None:
+    """Creates the experiment with its artifacts beside the SQLite store, if absent."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    if client.get_experiment_by_name(name) is None:
+        client.create_experiment(name, artifact_location=_artifact_root(tracking_uri))
+
+
+def job_params(job: JobConfig) -> dict[str, Any]:
+    """MLflow params: models, checkpoints, γ, sampling, batch, dataset, seed, commit."""
+    from pipelines import tracking
+
+    sampling = job.settings.sampling
+    params: dict[str, Any] = {
+        "job": job.kind.name,
+        "dataset": job.input,
+        "workers": job.workers,
+        "gamma": job.settings.gamma,
+        "temperature": sampling.temperature,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "seed": job.settings.seed,
+        "batch_size": job.settings.batch_size,
+        "max_new_tokens": job.settings.max_new_tokens,
+        "max_input_tokens": job.max_input_tokens,
+        "compare_baseline": job.compare_baseline,
+        "vocab": job.vocab_path,
+        "runner": " ".join(job.beam_args) or "FnApiRunner (in-process)",
+        "git_commit": tracking.git_commit(),
+    }
+    for role, model in (("target", job.target), ("draft", job.draft)):
+        params |= {f"{role}_{k}": v for k, v in model.describe().items()}
+    return params
+
+
+def resolved_config(job: JobConfig) -> dict[str, Any]:
+    """The job as run, models' full configs included (the ``job_config.json`` artifact)."""
+    config = {k: v for k, v in job_params(job).items() if k != "git_commit"}
+    config |= {"output": job.output, "dead_letter": job.dead_letter, "prefix": job.kind.prefix}
+    for role, model in (("target", job.target), ("draft", job.draft)):
+        config[f"{role}_config"] = dataclasses.asdict(model.spec.config)
+    return config
+
+
+def _numeric_metrics(summary: dict[str, Any], traffic: dict | None) -> dict[str, float]:
+    keys = (
+        "records_in records_out records_failed speedup alpha mean_accepted_length "
+        "predicted_tokens_per_iteration c_estimate tokens tokens_per_s baseline_tokens_per_s "
+        "decode_s bleu rouge1 rouge2 rougeL"
+    ).split()
+    metrics = {k: float(summary[k]) for k in keys if summary.get(k) is not None}
+    if summary.get("identical_to_baseline") is not None:
+        metrics["identical_to_baseline"] = float(summary["identical_to_baseline"])
+    if traffic:
+        metrics["bytes_per_iteration"] = float(traffic["bytes_per_iteration"])
+    for i, rate in enumerate(summary["acceptance_by_position"], start=1):
+        metrics[f"acceptance_at_position_{i}"] = rate
+    return metrics
+
+
+def _acceptance_artifacts(summary: dict[str, Any], gamma: int) -> None:
+    """Per-position acceptance: a PNG via matplotlib when installed, and a CSV."""
+    import mlflow
+
+    rates = summary["acceptance_by_position"]
+    alpha = summary["alpha"]
+    lines = ["position,accepted_fraction,alpha_pow_position"]
+    lines += [
+        f"{i},{rate:.6f},{alpha**i if alpha is not None else ''}"
+        for i, rate in enumerate(rates, start=1)
+    ]
+    mlflow.log_text("\n".join(lines) + "\n", "acceptance_by_position.csv")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    positions = list(range(1, gamma + 1))
+    ax.bar(positions, rates, label="measured")
+    if alpha is not None:
+        ax.plot(positions, [alpha**i for i in positions], "o--", color="C1", label="α^i (i.i.d.)")
+    ax.set(xlabel="draft position i", ylabel="P(token i accepted)", ylim=(0, 1.05))
+    ax.set_title(f"acceptance by position (γ={gamma}, α={alpha or 0:.3f})")
+    ax.legend()
+    fig.tight_layout()
+    mlflow.log_figure(fig, "acceptance_by_position.png")
+    plt.close(fig)
+
+
+def _samples_table(rows: Sequence[dict], n: int = 20) -> dict[str, list]:
+    """The first ``n`` rows (by id) as columns for ``mlflow.log_table``."""
+    chosen = sorted(rows, key=lambda r: (len(r["id"]), r["id"]))[:n]
+    columns = ["id", "source", "output", "reference", "baseline_output", "tokens", "accepted"]
+    present = [c for c in columns if any(c in row for row in chosen)]
+    return {c: [row.get(c) for row in chosen] for c in present}
+
+
+def log_run(job: JobConfig, summary: dict, rows: Sequence[dict], traffic: dict | None) -> None:
+    """Metrics and artifacts of the active MLflow run."""
+    import mlflow
+
+    from pipelines import tracking
+
+    tracking.log_metrics(_numeric_metrics(summary, traffic))
+    mlflow.log_dict(resolved_config(job), "job_config.json")
+    for model in (job.target, job.draft):
+        if not model.source.startswith("preset:"):
+            mlflow.log_artifact(model.source, "model_configs")
+    if rows:
+        mlflow.log_table(data=_samples_table(rows), artifact_file="samples.json")
+        _acceptance_artifacts(summary, job.settings.gamma)
+    mlflow.log_dict(summary, "summary.json")
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    if isinstance(value, list):
+        return " ".join(_fmt(v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in value.items()) or "none"
+    return str(value)
+
+
+def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
+    """The human-readable table printed at the end of a job."""
+    sampling = job.settings.sampling
+    rows = [
+        ("models", f"target {job.target.spec.name}, draft {job.draft.spec.name}"),
+        (
+            "decoding",
+            f"γ={job.settings.gamma} T={sampling.temperature} top-k={sampling.top_k} "
+            f"top-p={sampling.top_p} batch={job.settings.batch_size} workers={job.workers}",
+        ),
+        (
+            "records in / out / failed",
+            f"{summary['records_in']} / {summary['records_out']} / {summary['records_failed']}",
+        ),
+        ("failed by reason", _fmt(summary["failed_by_reason"])),
+        ("speedup (tokens/s ratio)", _fmt(summary["speedup"])),
+        ("tokens/s speculative", _fmt(summary["tokens_per_s"])),
+        ("tokens/s target alone", _fmt(summary["baseline_tokens_per_s"])),
+        ("acceptance rate α", _fmt(summary["alpha"])),
+        ("tokens per iteration", _fmt(summary["mean_accepted_length"])),
+        ("  predicted from α", _fmt(summary["predicted_tokens_per_iteration"])),
+        ("acceptance by position", _fmt(summary["acceptance_by_position"])),
+        ("cost coefficient c (est.)", _fmt(summary["c_estimate"])),
+        ("bytes per iteration (Ray)", _fmt(summary["bytes_per_iteration"])),
+    ]
+    if job.kind.quality_metric == "bleu":
+        rows.append(("BLEU", _fmt(summary["bleu"])))
+    else:
+        rows.append(
+            ("ROUGE-1/2/L", " / ".join(_fmt(summary[k]) for k in ("rouge1", "rouge2", "rougeL")))
+        )
+    rows += [
+        ("identical to baseline (T=0)", _fmt(summary["identical_to_baseline"])),
+        ("outputs", summary["output"]),
+        ("dead letters", summary["dead_letter"]),
+        ("MLflow run", f"{summary['mlflow_run_id']} (experiment {job.kind.name!r})"),
+        ("browse", f"specdec ui --tracking-uri {summary['tracking_uri']}"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"specdec {job.kind.name}: done in {summary['job_s']:.1f} s"]
+    lines += [f"  {name:<{width}}  {value}" for name, value in rows]
+    return "\n".join(lines)

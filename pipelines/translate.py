@@ -1,0 +1,618 @@
+"""The Beam jobs: ``specdec translate`` (En→De) and ``specdec summarize``.
+
+One pipeline serves both (they differ only in :class:`JobKind`: prefix, field names,
+quality metric, MLflow experiment)::
+
+    records (read here, bad lines already dead letters)
+      -> Tokenize          prefix + SentencePiece + EOS; over-long -> dead letter
+      -> KeyByLength       key = encoder length bucket (16 tokens, as workers.batching pads)
+      -> GroupIntoBatches  batch_size records of one bucket
+      -> RunInference      SpeculativeModelHandler: load_model builds the engine (Ray
+                           actors or in-process), run_inference decodes one batch
+                           speculatively (and with the target alone for --compare-baseline)
+      -> Format            detokenize -> output row; a failed record -> dead letter
+      -> WriteToText       output JSONL and dead-letter JSONL
+
+Beam runs on the in-process ``FnApiRunner`` unless the Beam options (``specdec
+translate ... -- --runner=...``) name another runner. After the pipeline the job reads
+both files back, asserts that their ids partition the input ids
+(:func:`pipelines.io.check_partition`), computes the summary and logs one MLflow run
+(:mod:`pipelines.job_report`).
+
+Timing: the first batch of each padded shape compiles; with ``warmup`` (default) it is
+decoded once untimed first, so ``wall_ms``, tokens/s and the speedup measure decoding,
+not compilation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import pathlib
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.ml.inference.base import ModelHandler, RunInference
+
+from pipelines import io, job_report
+from pipelines.models import ResolvedModel
+from workers.batching import DecodeSettings, Generation, Request, pack
+
+DEAD = "dead"  # tag of the dead-letter outputs
+LENGTH_BUCKET = 16  # encoder tokens per length bucket (= workers.batching's padding)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JobKind:
+    name: str  # subcommand and MLflow experiment
+    prefix: str  # T5's task prefix, as in pipelines.tasks and pipelines.train
+    fields: io.FieldNames  # JSONL keys of source and reference
+    quality_metric: str  # "bleu" | "rouge"
+    max_input_tokens: int  # default --max-input-tokens
+    max_new_tokens: int  # default --max-new-tokens
+
+
+TRANSLATE = JobKind(
+    name="translate",
+    prefix="translate English to German: ",
+    fields=io.FieldNames(source=("source", "en"), reference=("reference", "de")),
+    quality_metric="bleu",
+    max_input_tokens=256,
+    max_new_tokens=64,
+)
+SUMMARIZE = JobKind(
+    name="summarize",
+    prefix="summarize: ",
+    fields=io.FieldNames(
+        source=("source", "article"), reference=("reference", "summary", "highlights")
+    ),
+    quality_metric="rouge",
+    max_input_tokens=1024,
+    max_new_tokens=128,
+)
+KINDS = {kind.name: kind for kind in (TRANSLATE, SUMMARIZE)}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class JobConfig:
+    """Everything a job needs, resolved (models found, paths absolute)."""
+
+    kind: JobKind
+    input: str  # file path or seqio:TASK:SPLIT
+    output: str  # output JSONL
+    dead_letter: str  # dead-letter JSONL
+    target: ResolvedModel
+    draft: ResolvedModel
+    vocab_path: str  # SentencePiece model
+    settings: DecodeSettings
+    workers: str = "ray"  # "ray" | "inprocess"
+    compare_baseline: bool = False
+    max_input_tokens: int = 256
+    limit: int | None = None  # read at most this many input records
+    ray_address: str | None = None
+    tracking_uri: str | None = None  # None: pipelines.tracking.default_tracking_uri()
+    summary_json: str | None = None
+    beam_args: tuple[str, ...] = ()  # Beam pipeline options (--runner=..., ...)
+    warmup: bool = True  # decode each new shape once untimed before timing it
+    progress: bool = True  # progress lines on stderr
+
+
+# ------------------------------------------------------------------------ tokens
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Tokenized:
+    record: io.Record
+    encoder_tokens: tuple[int, ...]  # prefix + source pieces + EOS
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Decoded:
+    record: io.Record
+    generation: Generation
+    baseline: Generation | None  # the target alone on the same record (--compare-baseline)
+    batch: str  # id of the batch it was decoded in (rows of one batch share wall_ms)
+
+
+@functools.lru_cache(maxsize=4)
+def sentencepiece(path: str):
+    """The SentencePiece processor at ``path`` (cached per process)."""
+    import sentencepiece as spm
+
+    if not pathlib.Path(path).is_file():
+        raise FileNotFoundError(f"SentencePiece model not found: {path}")
+    return spm.SentencePieceProcessor(model_file=path)
+
+
+def encode(processor, prefix: str, text: str, eos_id: int) -> tuple[int, ...]:
+    """``prefix + text`` as piece ids with EOS appended (what seqio's task feeds T5)."""
+    return (*processor.encode(prefix + text), eos_id)
+
+
+def decode(processor, tokens: Sequence[int], eos_id: int | None) -> str:
+    """Generated ids up to (not including) EOS as text; ids beyond the pieces are dropped."""
+    if eos_id is not None and eos_id in tokens:
+        tokens = tokens[: list(tokens).index(eos_id)]
+    size = processor.get_piece_size()
+    return processor.decode([int(t) for t in tokens if 0 <= t < size])
+
+
+class TokenizeFn(beam.DoFn):
+    """Record -> Tokenized; dead letters (from reading, or over-long) -> the DEAD output."""
+
+    def __init__(self, *, vocab_path: str, prefix: str, eos_id: int, max_input_tokens: int):
+        self.vocab_path, self.prefix = vocab_path, prefix
+        self.eos_id, self.max_input_tokens = eos_id, max_input_tokens
+
+    def setup(self):
+        self.processor = sentencepiece(self.vocab_path)
+
+    def process(self, item):
+        if isinstance(item, io.DeadLetter):
+            yield beam.pvalue.TaggedOutput(DEAD, item)
+            return
+        tokens = encode(self.processor, self.prefix, item.source, self.eos_id)
+        dead = io.too_long(item, len(tokens), self.max_input_tokens)
+        if dead is not None:
+            yield beam.pvalue.TaggedOutput(DEAD, dead)
+        else:
+            yield Tokenized(record=item, encoder_tokens=tokens)
+
+
+def length_bucket(item: Tokenized) -> int:
+    """Records of one bucket pad to the same encoder width."""
+    return -(-len(item.encoder_tokens) // LENGTH_BUCKET)
+
+
+# ------------------------------------------------------------------------ engines
+
+_ENGINES: dict[str, list[Any]] = {}  # job id -> engines its handler built (this process)
+_ENGINES_LOCK = threading.Lock()
+
+
+@functools.lru_cache(maxsize=4)
+def _bound_model(spec):
+    """One BoundModel per spec per process: compiled steps are cached per model object,
+    so repeated in-process jobs (tests, notebooks) do not recompile."""
+    from specdec_core.models.bound import load_model
+
+    return load_model(
+        spec.name, spec.family, spec.config, checkpoint=spec.checkpoint, init_seed=spec.init_seed
+    )
+
+
+def build_engine(*, target, draft, settings: DecodeSettings, workers: str, ray_address: str | None):
+    """An engine (workers.engine interface) over two ModelSpecs."""
+    if workers == "ray":
+        from workers.coordinator import RayEngine
+
+        return RayEngine(target, draft, settings, address=ray_address)
+    if workers == "inprocess":
+        from workers.engine import InProcessEngine
+
+        return InProcessEngine(_bound_model(target), _bound_model(draft), settings)
+    raise ValueError(f"--workers must be ray or inprocess, got {workers!r}")
+
+
+def engine_traffic(job_id: str) -> dict | None:
+    """Bytes per iteration between Ray workers, summed over the job's engines."""
+    engines = [e for e in _ENGINES.get(job_id, []) if hasattr(e, "traffic")]
+    if not engines:
+        return None
+    totals = [e.traffic() for e in engines]
+    iterations = sum(t["iterations"] for t in totals)
+    n_bytes = sum(t["bytes"] for t in totals)
+    return {
+        "iterations": iterations,
+        "bytes": n_bytes,
+        "bytes_per_iteration": n_bytes / max(iterations, 1),
+    }
+
+
+def close_engines(job_id: str) -> None:
+    """Closes (for Ray: kills the actors of) every engine the job built here."""
+    with _ENGINES_LOCK:
+        engines = _ENGINES.pop(job_id, [])
+    for engine in engines:
+        engine.close()
+
+
+class Progress:
+    """Decoded-record count on stderr, at most every ``every_s`` seconds."""
+
+    def __init__(self, total: int, *, enabled: bool, every_s: float = 5.0):
+        self.total, self.enabled, self.every_s = total, enabled, every_s
+        self.done, self.start, self.last = 0, time.monotonic(), 0.0
+
+    def update(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if self.enabled and (now - self.last >= self.every_s or self.done >= self.total):
+            self.last = now
+            print(
+                f"  decoded {self.done}/{self.total} records ({now - self.start:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+# ------------------------------------------------------------------------ model handler
+
+
+class SpeculativeModelHandler(ModelHandler):
+    """RunInference handler: the "model" is an engine; a batch is a list of Tokenized.
+
+    ``load_model`` builds the engine (Ray actors with ``workers="ray"``), registered
+    under ``job_id`` so the job can read its traffic and close it. ``run_inference``
+    returns one :class:`Decoded` per record, or a dead letter for a record the engine
+    failed on (a failed batch is retried record by record, so one bad record costs
+    only itself).
+    """
+
+    def __init__(
+        self,
+        *,
+        target,
+        draft,
+        settings: DecodeSettings,
+        workers: str,
+        ray_address: str | None,
+        compare_baseline: bool,
+        job_id: str,
+        warmup: bool = True,
+        total_records: int = 0,
+        progress: bool = True,
+    ):
+        super().__init__()
+        self.target, self.draft, self.settings = target, draft, settings
+        self.workers, self.ray_address = workers, ray_address
+        self.compare_baseline, self.job_id, self.warmup = compare_baseline, job_id, warmup
+        self.total_records, self.show_progress = total_records, progress
+        self._warm: set[tuple] = set()
+        self._progress: Progress | None = None
+
+    def load_model(self):
+        engine = build_engine(
+            target=self.target,
+            draft=self.draft,
+            settings=self.settings,
+            workers=self.workers,
+            ray_address=self.ray_address,
+        )
+        with _ENGINES_LOCK:
+            _ENGINES.setdefault(self.job_id, []).append(engine)
+        return engine
+
+    def run_inference(self, batch, model, inference_args=None) -> list[Decoded | io.DeadLetter]:
+        items = list(batch)
+        if self._progress is None:
+            self._progress = Progress(self.total_records, enabled=self.show_progress)
+        try:
+            results = self._decode(items, model)
+        except Exception:  # retried one by one to find the culprit
+            results = [self._decode_one(item, model) for item in items]
+        self._progress.update(len(items))
+        return results
+
+    def _requests(self, items: Sequence[Tokenized]) -> list[Request]:
+        return [
+            Request(id=t.record.id, prompt_tokens=(0,), encoder_tokens=t.encoder_tokens)
+            for t in items
+        ]
+
+    def _decode(self, items: Sequence[Tokenized], engine) -> list[Decoded]:
+        requests = self._requests(items)
+        if self.warmup:
+            self._warm_up(requests, engine)
+        generations = engine.generate(requests)
+        baselines = engine.generate_baseline(requests) if self.compare_baseline else None
+        batch_id = uuid.uuid4().hex[:12]
+        return [
+            Decoded(
+                record=item.record,
+                generation=generation,
+                baseline=baselines[i] if baselines else None,
+                batch=batch_id,
+            )
+            for i, (item, generation) in enumerate(zip(items, generations, strict=True))
+        ]
+
+    def _decode_one(self, item: Tokenized, engine) -> Decoded | io.DeadLetter:
+        try:
+            return self._decode([item], engine)[0]
+        except Exception as error:  # becomes the record's dead letter
+            return io.engine_error(item.record, error)
+
+    def _warm_up(self, requests: list[Request], engine) -> None:
+        """Decodes a batch of a not-yet-seen padded shape once, untimed (compilation)."""
+        packed = pack(requests, self.settings)
+        encoder_width = None if packed.encoder_tokens is None else packed.encoder_tokens.shape
+        shape = (encoder_width, packed.prompt_tokens.shape, packed.max_len)
+        if shape in self._warm:
+            return
+        engine.generate(requests)
+        if self.compare_baseline:
+            engine.generate_baseline(requests)
+        self._warm.add(shape)
+
+
+# ------------------------------------------------------------------------ formatting
+
+
+class FormatFn(beam.DoFn):
+    """Decoded -> output row (dict); dead letters -> the DEAD output."""
+
+    def __init__(self, *, vocab_path: str, eos_id: int | None):
+        self.vocab_path, self.eos_id = vocab_path, eos_id
+
+    def setup(self):
+        self.processor = sentencepiece(self.vocab_path)
+
+    def process(self, item):
+        if isinstance(item, io.DeadLetter):
+            yield beam.pvalue.TaggedOutput(DEAD, item)
+        else:
+            yield output_row(item, self.processor, self.eos_id)
+
+
+def output_row(item: Decoded, processor, eos_id: int | None) -> dict:
+    """The output JSONL row of one decoded record."""
+    record, generation = item.record, item.generation
+    row = {
+        "id": record.id,
+        "source": record.source,
+        "output": decode(processor, generation.tokens, eos_id),
+    }
+    if record.reference is not None:
+        row["reference"] = record.reference
+    row |= {
+        "tokens": len(generation.tokens),
+        "iterations": generation.iterations,
+        "accepted": generation.accepted,
+        "wall_ms": round(generation.batch_wall_ms, 3),
+        "drafted": generation.drafted,
+        "accepted_by_position": generation.accepted_by_position,
+        "output_ids": list(generation.tokens),
+        "batch": item.batch,
+    }
+    if item.baseline is not None:
+        row |= {
+            "baseline_output": decode(processor, item.baseline.tokens, eos_id),
+            "baseline_tokens": len(item.baseline.tokens),
+            "baseline_wall_ms": round(item.baseline.batch_wall_ms, 3),
+            "matches_baseline": list(item.baseline.tokens) == list(generation.tokens),
+        }
+    return row
+
+
+# ------------------------------------------------------------------------ pipeline
+
+
+def _write_jsonl(rows, path: str, label: str):
+    return (
+        rows
+        | f"{label}ToJson" >> beam.Map(lambda row: json.dumps(row, ensure_ascii=False))
+        | f"Write{label}" >> beam.io.WriteToText(path, shard_name_template="", num_shards=1)
+    )
+
+
+def build_pipeline(
+    pipeline: beam.Pipeline,
+    records: Sequence[io.Record | io.DeadLetter],
+    *,
+    job: JobConfig,
+    handler: SpeculativeModelHandler,
+) -> None:
+    """Adds the job's transforms (read, tokenize, batch, infer, format, write) to ``pipeline``."""
+    eos_id = job.settings.eos_id if job.settings.eos_id is not None else 1
+    tokenized = (
+        pipeline
+        | "Read" >> beam.Create(list(records), reshuffle=False)
+        | "Tokenize"
+        >> beam.ParDo(
+            TokenizeFn(
+                vocab_path=job.vocab_path,
+                prefix=job.kind.prefix,
+                eos_id=eos_id,
+                max_input_tokens=job.max_input_tokens,
+            )
+        ).with_outputs(DEAD, main="ok")
+    )
+    decoded = (
+        tokenized.ok
+        | "KeyByLength" >> beam.Map(lambda item: (length_bucket(item), item))
+        | "BatchByLength" >> beam.GroupIntoBatches(job.settings.batch_size)
+        | "DropKeys" >> beam.Values()
+        | "Decode" >> RunInference(handler.with_no_batching(), model_identifier=handler.job_id)
+        | "Format"
+        >> beam.ParDo(FormatFn(vocab_path=job.vocab_path, eos_id=job.settings.eos_id)).with_outputs(
+            DEAD, main="ok"
+        )
+    )
+    dead = (
+        (tokenized[DEAD], decoded[DEAD])
+        | "AllDead" >> beam.Flatten()
+        | "DeadToJson" >> beam.Map(io.DeadLetter.to_json)
+    )
+    _write_jsonl(decoded.ok, job.output, "Outputs")
+    _write_jsonl(dead, job.dead_letter, "DeadLetters")
+
+
+def pipeline_options(beam_args: Sequence[str]):
+    """(runner, options): the in-process FnApiRunner unless ``beam_args`` name a runner."""
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+    options = PipelineOptions(list(beam_args))
+    if options.view_as(StandardOptions).runner:
+        return None, options
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+    return FnApiRunner(), options
+
+
+def run_pipeline(records, *, job: JobConfig, handler: SpeculativeModelHandler) -> None:
+    """Builds and runs the pipeline to completion."""
+    runner, options = pipeline_options(job.beam_args)
+    for path in (job.output, job.dead_letter):
+        parent = pathlib.Path(path).parent
+        if "://" not in path and not parent.is_dir():
+            parent.mkdir(parents=True, exist_ok=True)
+    with beam.Pipeline(runner=runner, options=options) as pipeline:
+        build_pipeline(pipeline, records, job=job, handler=handler)
+
+
+# ------------------------------------------------------------------------ the job
+
+
+def run_job(job: JobConfig) -> dict[str, Any]:
+    """Reads the input, runs the pipeline, checks no id was lost, logs and returns the summary.
+
+    Raises io.InputError for unusable input and io.PartitionError if output and
+    dead-letter ids do not partition the input ids.
+    """
+    from pipelines import tracking
+
+    records = io.read_records(job.input, fields=job.kind.fields, limit=job.limit)
+    if not records:
+        raise io.InputError(f"no records in {job.input}")
+    if job.workers == "ray":
+        from workers.coordinator import ensure_ray
+
+        ensure_ray(job.ray_address)  # before any JAX computation in this process
+    tracking_uri = job.tracking_uri or tracking.default_tracking_uri()
+    job_report.ensure_experiment(job.kind.name, tracking_uri)
+    started = time.perf_counter()
+    with tracking.start_run(
+        job.kind.name,
+        run_name=f"{job.kind.name}-{job.target.spec.name}-{job.draft.spec.name}-g{job.settings.gamma}",
+        params=job_report.job_params(job),
+        tags={"workers": job.workers},
+        tracking_uri=tracking_uri,
+    ) as run:
+        job_id = run.info.run_id
+        traffic = _run_and_close(records, job=job, job_id=job_id)
+        rows, dead = io.read_jsonl(job.output), io.read_jsonl(job.dead_letter)
+        io.check_partition(
+            [r.id for r in records], [r["id"] for r in rows], [d["id"] for d in dead]
+        )
+        summary = job_report.compute_summary(
+            rows,
+            dead,
+            records_in=len(records),
+            settings=job.settings,
+            compare_baseline=job.compare_baseline,
+            quality_metric=job.kind.quality_metric,
+        )
+        summary |= {
+            "bytes_per_iteration": traffic["bytes_per_iteration"] if traffic else None,
+            "job_s": time.perf_counter() - started,
+            "output": job.output,
+            "dead_letter": job.dead_letter,
+            "mlflow_run_id": run.info.run_id,
+            "tracking_uri": tracking_uri,
+        }
+        job_report.log_run(job, summary, rows, traffic)
+    if job.summary_json:
+        pathlib.Path(job.summary_json).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _run_and_close(records, *, job: JobConfig, job_id: str) -> dict | None:
+    """Runs the pipeline; reads the engines' traffic and closes them, even on failure."""
+    handler = SpeculativeModelHandler(
+        target=job.target.spec,
+        draft=job.draft.spec,
+        settings=job.settings,
+        workers=job.workers,
+        ray_address=job.ray_address,
+        compare_baseline=job.compare_baseline,
+        job_id=job_id,
+        warmup=job.warmup,
+        total_records=len(records),
+        progress=job.progress,
+    )
+    try:
+        run_pipeline(records, job=job, handler=handler)
+        return engine_traffic(job_id)
+    finally:
+        close_engines(job_id)
+
+
+def make_job(
+    kind: JobKind,
+    *,
+    input: str,
+    output: str,
+    target: str | None = None,
+    draft: str | None = None,
+    gamma: int = 4,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    batch_size: int = 1,
+    max_new_tokens: int | None = None,
+    max_input_tokens: int | None = None,
+    workers: str = "ray",
+    compare_baseline: bool = False,
+    dead_letter: str | None = None,
+    vocab: str | None = None,
+    allow_random_init: bool = False,
+    **options: Any,
+) -> JobConfig:
+    """Resolves models and vocabulary and validates settings into a JobConfig.
+
+    ``target``/``draft`` default to the embedded pair; ``options`` are the remaining
+    JobConfig fields (limit, ray_address, tracking_uri, summary_json, beam_args, ...).
+    Raises ValueError (ModelResolutionError, ConfigError, ...) with a message for users.
+    """
+    from pipelines import models
+    from specdec_core.sampling import SamplingConfig
+
+    if workers not in ("ray", "inprocess"):
+        raise ValueError(f"--workers must be ray or inprocess, got {workers!r}")
+    resolved = {
+        role: models.resolve_model(
+            ref or default, role=role, allow_random_init=allow_random_init, init_seed=init_seed
+        )
+        for role, ref, default, init_seed in (
+            ("target", target, models.DEFAULT_TARGET, 0),
+            ("draft", draft, models.DEFAULT_DRAFT, 1),
+        )
+    }
+    vocab_path = str(vocab or resolved["target"].vocab_path or models.DEFAULT_VOCAB)
+    pieces = sentencepiece(vocab_path).get_piece_size()
+    models.check_pair(resolved["target"], resolved["draft"], vocab_size=pieces)
+    settings = DecodeSettings(
+        gamma=gamma,
+        sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p),
+        seed=seed,
+        max_new_tokens=max_new_tokens or kind.max_new_tokens,
+        batch_size=batch_size,
+    )
+    output = _absolute(output)
+    return JobConfig(
+        kind=kind,
+        input=input,
+        output=output,
+        dead_letter=_absolute(dead_letter or io.default_dead_letter_path(output)),
+        target=resolved["target"],
+        draft=resolved["draft"],
+        vocab_path=vocab_path,
+        settings=settings,
+        workers=workers,
+        compare_baseline=compare_baseline,
+        max_input_tokens=max_input_tokens or kind.max_input_tokens,
+        **options,
+    )
+
+
+def _absolute(path: str) -> str:
+    """Local paths made absolute (Beam writes through temp folders); URLs unchanged."""
+    return path if "://" in path else str(pathlib.Path(path).resolve())

@@ -1,0 +1,523 @@
+"""The translate/summarize Beam jobs end to end through ``specdec`` (``cli.main``).
+
+Models are tiny random T5s (``t5_tiny_test`` shapes, vocab 8000 = the committed
+SentencePiece model), given as model config YAMLs with T5X checkpoints written here:
+the draft is the target's weights plus Gaussian noise of 0.1 std per tensor, so drafts
+are often but not always accepted (α ≈ 0.35 at T=0, ≈ 0.75 at T=1) and both the
+accept and the recovery paths run. All 20 sentences fit one 16-token length bucket,
+so each engine compiles one shape.
+"""
+
+import dataclasses
+import json
+import pathlib
+import re
+
+import numpy as np
+import pytest
+import yaml
+
+from pipelines import io, job_report, translate
+from pipelines.cli import main
+from pipelines.models import DEFAULT_VOCAB
+from workers.batching import DecodeSettings, Generation
+
+SENTENCES = [
+    ("She swept from the room.", "Sie rauschte aus dem Zimmer."),
+    ("Feel at home!", "Fühlen Sie sich wie zu Hause!"),
+    ("I had to swallow a lot.", "Ich musste viel hinunterschlucken."),
+    ("Wear suitable protective clothing.", "Bei der Arbeit geeignete Schutzkleidung tragen."),
+    ("Deal with him kindly.", "Geh freundlich mit ihm um."),
+    ("Handle with care.", "Bitte vorsichtig behandeln!"),
+    ("It serves no purpose.", "Es hat keinen Zweck."),
+    ("Her mind is in the gutter.", "Sie hat ziemlich versaute Gedanken."),
+    ("I wish I could stay.", "Ich würde ja gerne noch bleiben."),
+    ("Who is in the cast?", "Wer spielt mit?"),
+    ("It left me speechless.", "Ich bin aus allen Wolken gefallen."),
+    ("Just drive carefully!", "Fahr schön vorsichtig!"),
+    ("That's nothing to me!", "Das macht mir nichts aus!"),
+    ("Do give over with that one!", "Hör mir damit auf!"),
+    ("He's well off.", "Es geht ihm gut."),
+    ("No paper error!", "Fehler: Kein Papier!"),
+    ("Wear suitable protective clothing.", "Geeignete Schutzkleidung tragen."),
+    ("I wish I could stay.", "Ich wäre gern geblieben."),
+    ("Feel at home!", "Mach es dir bequem!"),
+    ("It serves no purpose.", "Es ist zwecklos."),
+]
+GAMMA, BATCH, MAX_NEW, SEED = 3, 4, 8, 7
+PRESET = "t5_tiny_test:vocab_size=8000"  # for the CLI error tests (random init)
+DRAFT_NOISE = 0.1  # × each tensor's std
+ROW_KEYS = {"id", "source", "output", "reference", "tokens", "iterations", "accepted", "wall_ms"}
+
+
+class JobRun:
+    """Exit code, summary, output rows by id and dead letters of one CLI job."""
+
+    def __init__(self, code: int, output, summary_path):
+        self.code = code
+        self.summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+        self.rows = {row["id"]: row for row in io.read_jsonl(str(output))}
+        self.dead = io.read_jsonl(io.default_dead_letter_path(str(output)))
+
+
+def job_args(input_path, output, *, models, workers, temperature, tracking_uri, kind="translate"):
+    return [
+        kind,
+        "--input", str(input_path),
+        "--output", str(output),
+        "--target", str(models["target"]),
+        "--draft", str(models["draft"]),
+        "--workers", workers,
+        "--temperature", str(temperature),
+        "--gamma", str(GAMMA),
+        "--batch-size", str(BATCH),
+        "--max-new-tokens", str(MAX_NEW),
+        "--seed", str(SEED),
+        "--tracking-uri", tracking_uri,
+        "--summary-json", f"{output}.summary.json",
+        "--quiet",
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("translate_job")
+    (root / "sentences.tsv").write_text("".join(f"{en}\t{de}\n" for en, de in SENTENCES))
+    return root
+
+
+def _write_model(root, name: str, config, params) -> pathlib.Path:
+    """A model config YAML whose export folder holds ``params`` as a T5X checkpoint."""
+    from specdec_core import checkpoints
+
+    checkpoints.save_t5x(params, root / "checkpoints" / name, step=1)
+    fields = {
+        k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items()
+    }
+    body = {
+        "name": name,
+        "family": "t5",
+        "model": fields,
+        "checkpoint": {"export_dir": str(root / "checkpoints" / name)},
+    }
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(body))
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(workdir):
+    """Model YAMLs ``tiny_target`` and ``tiny_draft`` (target + noise) with checkpoints."""
+    import jax
+
+    from specdec_core.models import registry, t5
+
+    config = registry.get_config("t5_tiny_test", vocab_size=8000)
+    params = jax.tree_util.tree_map(np.asarray, t5.init_params(config, jax.random.key(0)))
+    rng = np.random.default_rng(0)
+    noisy = jax.tree_util.tree_map(
+        lambda x: (x + DRAFT_NOISE * x.std() * rng.standard_normal(x.shape)).astype(x.dtype), params
+    )
+    return {
+        "target": _write_model(workdir, "tiny_target", config, params),
+        "draft": _write_model(workdir, "tiny_draft", config, noisy),
+    }
+
+
+@pytest.fixture(scope="module")
+def tracking_uri(workdir):
+    return f"sqlite:///{workdir}/mlflow.db"
+
+
+@pytest.fixture(scope="module")
+def run_job(workdir, models, tracking_uri):
+    """Runs each (workers, temperature) job once per module; later calls reuse it."""
+    done: dict[tuple, JobRun] = {}
+
+    def run(workers: str, temperature: float, *extra: str) -> JobRun:
+        key = (workers, temperature, extra)
+        if key not in done:
+            output = workdir / f"{workers}_t{temperature}.jsonl"
+            args = job_args(
+                workdir / "sentences.tsv",
+                output,
+                models=models,
+                workers=workers,
+                temperature=temperature,
+                tracking_uri=tracking_uri,
+            )
+            done[key] = JobRun(
+                main([*args, *extra]), output, output.with_suffix(".jsonl.summary.json")
+            )
+        return done[key]
+
+    return run
+
+
+def test_sentences_fit_one_length_bucket():
+    processor = translate.sentencepiece(str(DEFAULT_VOCAB))
+    lengths = [
+        len(translate.encode(processor, translate.TRANSLATE.prefix, en, 1)) for en, _ in SENTENCES
+    ]
+    assert max(lengths) <= translate.LENGTH_BUCKET and min(lengths) > 0
+
+
+def test_greedy_job_writes_every_record_and_equals_the_baseline(run_job):
+    job = run_job("inprocess", 0.0, "--compare-baseline")
+    assert job.code == 0
+    assert job.dead == []
+    assert sorted(job.rows, key=int) == [str(i) for i in range(1, 21)]
+    processor = translate.sentencepiece(str(DEFAULT_VOCAB))
+    for number, (en, de) in enumerate(SENTENCES, start=1):
+        row = job.rows[str(number)]
+        assert ROW_KEYS <= set(row)
+        assert (row["source"], row["reference"]) == (en, de)
+        assert row["tokens"] == len(row["output_ids"]) <= MAX_NEW
+        assert row["output"] == translate.decode(processor, row["output_ids"], 1)
+        assert row["matches_baseline"] and row["baseline_output"] == row["output"]
+        assert row["drafted"] == GAMMA * row["iterations"]
+    summary = job.summary
+    accepted = sum(r["accepted"] for r in job.rows.values())
+    drafted = sum(r["drafted"] for r in job.rows.values())
+    iterations = sum(r["iterations"] for r in job.rows.values())
+    assert (summary["records_in"], summary["records_out"], summary["records_failed"]) == (20, 20, 0)
+    assert summary["identical_to_baseline"] is True
+    assert summary["alpha"] == pytest.approx(accepted / drafted)
+    assert 0.1 < summary["alpha"] < 0.9  # the noisy draft: often, not always, accepted
+    assert summary["mean_accepted_length"] == pytest.approx((accepted + iterations) / iterations)
+    assert summary["speedup"] == pytest.approx(
+        summary["tokens_per_s"] / summary["baseline_tokens_per_s"]
+    )
+    assert summary["tokens_per_s"] > 0 and summary["baseline_tokens_per_s"] > 0
+    assert 0.0 <= summary["bleu"] < 5.0  # random weights: (almost) no n-gram matches
+    assert summary["rouge1"] is None and summary["bytes_per_iteration"] is None
+    assert re.fullmatch(r"[0-9a-f]{32}", summary["mlflow_run_id"])
+
+
+def test_mlflow_run_has_params_metrics_and_artifacts(run_job, models, tracking_uri, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    job = run_job("inprocess", 0.0, "--compare-baseline")
+    client = MlflowClient(tracking_uri=tracking_uri)
+    run = client.get_run(job.summary["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert client.get_experiment(run.info.experiment_id).name == "translate"
+    metrics, params = run.data.metrics, run.data.params
+    for key in (
+        "speedup",
+        "alpha",
+        "mean_accepted_length",
+        "tokens_per_s",
+        "baseline_tokens_per_s",
+        "c_estimate",
+        "bleu",
+    ):
+        assert metrics[key] == pytest.approx(job.summary[key]), key
+    assert (
+        metrics["records_out"],
+        metrics["records_failed"],
+        metrics["identical_to_baseline"],
+    ) == (20.0, 0.0, 1.0)
+    assert metrics["acceptance_at_position_1"] == pytest.approx(
+        job.summary["acceptance_by_position"][0]
+    )
+    assert (params["gamma"], params["temperature"], params["batch_size"], params["seed"]) == (
+        "3",
+        "0.0",
+        "4",
+        "7",
+    )
+    assert (params["target_name"], params["draft_name"]) == ("tiny_target", "tiny_draft")
+    assert params["draft_source"] == str(models["draft"])
+    assert params["target_checkpoint"] == str(models["target"].parent / "checkpoints/tiny_target")
+    assert params["dataset"].endswith("sentences.tsv") and params["workers"] == "inprocess"
+    assert re.fullmatch(r"[0-9a-f]{40}|unknown", params["git_commit"])
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {
+        "job_config.json",
+        "samples.json",
+        "summary.json",
+        "acceptance_by_position.png",
+        "acceptance_by_position.csv",
+        "model_configs",
+    } <= artifacts
+    samples = json.loads(
+        open(client.download_artifacts(run.info.run_id, "samples.json", str(tmp_path))).read()
+    )
+    assert len(samples["data"]) == 20 and samples["columns"][:3] == ["id", "source", "output"]
+    config = json.loads(
+        open(client.download_artifacts(run.info.run_id, "job_config.json", str(tmp_path))).read()
+    )
+    assert config["target_config"]["vocab_size"] == config["draft_config"]["vocab_size"] == 8000
+    assert config["draft_checkpoint"] == str(models["draft"].parent / "checkpoints/tiny_draft")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_ray_workers_give_the_inprocess_outputs(ray_local, run_job, temperature):
+    inprocess = (
+        run_job("inprocess", temperature)
+        if temperature
+        else run_job("inprocess", 0.0, "--compare-baseline")
+    )
+    ray_job = run_job("ray", temperature)
+    assert ray_job.code == 0 and ray_job.dead == []
+    assert sorted(ray_job.rows) == sorted(inprocess.rows)
+    for record_id, row in inprocess.rows.items():
+        other = ray_job.rows[record_id]
+        assert (other["output_ids"], other["iterations"], other["accepted"]) == (
+            row["output_ids"],
+            row["iterations"],
+            row["accepted"],
+        ), record_id
+    assert 0.1 < ray_job.summary["alpha"] < 0.98  # accepted and rejected drafts both occur
+    # Traffic is logged, and per iteration it stays below γ vocabulary-sized vectors per row.
+    assert 0 < ray_job.summary["bytes_per_iteration"] < GAMMA * BATCH * 8000 * 4
+
+
+def test_bad_lines_are_dead_letters_and_no_id_is_lost(workdir, models, tracking_uri):
+    good = [en for en, _ in SENTENCES[:5]]
+    lines = [good[0].encode(), b"", good[1].encode(), b"caf\xe9 au lait", good[2].encode(),
+             b"This sentence is far too long for the sixteen tokens the job allows here.",
+             good[3].encode(), b"   ", good[4].encode()]  # fmt: skip
+    path = workdir / "bad.txt"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    output = workdir / "bad_out.jsonl"
+    args = job_args(
+        path, output, models=models, workers="inprocess", temperature=0.0, tracking_uri=tracking_uri
+    )
+    job = JobRun(
+        main([*args, "--max-input-tokens", "16"]), output, workdir / "bad_out.jsonl.summary.json"
+    )
+    assert job.code == 0
+    assert sorted(job.rows, key=int) == ["1", "3", "5", "7", "9"]
+    assert [(d["id"], d["reason"]) for d in sorted(job.dead, key=lambda d: int(d["id"]))] == [
+        ("2", "empty"),
+        ("4", "invalid_utf8"),
+        ("6", "too_long"),
+        ("8", "empty"),
+    ]
+    dead = {d["id"]: d for d in job.dead}
+    assert dead["4"]["detail"] == "byte 0xe9 at column 4 is not UTF-8"
+    assert re.fullmatch(r"\d+ input tokens > --max-input-tokens 16", dead["6"]["detail"])
+    assert job.summary["failed_by_reason"] == {"empty": 2, "invalid_utf8": 1, "too_long": 1}
+    assert (
+        job.summary["records_in"],
+        job.summary["records_out"],
+        job.summary["records_failed"],
+    ) == (9, 5, 4)
+
+
+def test_summarize_job_scores_rouge_in_its_own_experiment(workdir, models, tracking_uri):
+    from mlflow.tracking import MlflowClient
+
+    path = workdir / "articles.jsonl"
+    articles = [
+        {"id": f"a{i}", "article": en, "summary": de} for i, (en, de) in enumerate(SENTENCES[:4])
+    ]
+    path.write_text("".join(json.dumps(a) + "\n" for a in articles))
+    output = workdir / "summaries.jsonl"
+    args = job_args(
+        path,
+        output,
+        models=models,
+        workers="inprocess",
+        temperature=0.0,
+        tracking_uri=tracking_uri,
+        kind="summarize",
+    )
+    job = JobRun(main(args), output, workdir / "summaries.jsonl.summary.json")
+    assert job.code == 0 and sorted(job.rows) == ["a0", "a1", "a2", "a3"]
+    assert job.rows["a0"]["reference"] == SENTENCES[0][1]
+    assert job.summary["bleu"] is None
+    assert all(0.0 <= job.summary[k] <= 100.0 for k in ("rouge1", "rouge2", "rougeL"))
+    run = MlflowClient(tracking_uri=tracking_uri).get_run(job.summary["mlflow_run_id"])
+    assert (
+        MlflowClient(tracking_uri=tracking_uri).get_experiment(run.info.experiment_id).name
+        == "summarize"
+    )
+    assert run.data.metrics["rouge1"] == pytest.approx(job.summary["rouge1"])
+
+
+# ------------------------------------------------------------------------ CLI errors
+
+
+def _error(capsys, args) -> tuple[int, str]:
+    code = main(args)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, err
+
+
+def _args(workdir, *extra, target=PRESET, draft=PRESET, random_init=True):
+    args = [
+        "translate",
+        "--input",
+        str(workdir / "sentences.tsv"),
+        "--output",
+        str(workdir / "e.jsonl"),
+    ]
+    args += ["--target", target, "--draft", draft, "--workers", "inprocess"]
+    return args + (["--allow-random-init"] if random_init else []) + list(extra)
+
+
+def test_missing_input_file_is_a_clear_error(workdir, capsys):
+    args = _args(workdir)
+    args[2] = str(workdir / "missing.txt")
+    code, err = _error(capsys, args)
+    assert code == 2 and f"specdec: error: input file not found: {workdir / 'missing.txt'}" in err
+
+
+def test_unknown_model_lists_the_known_ones(workdir, capsys):
+    code, err = _error(capsys, _args(workdir, target="nope"))
+    assert code == 2 and "--target: unknown model 'nope'" in err
+    assert "t5_tiny_test" in err and "lamda_137b" in err
+
+
+def test_unknown_config_key_in_a_model_yaml_names_key_and_file(workdir, capsys):
+    path = workdir / "bad_model.yaml"
+    path.write_text("family: t5\nmodel:\n  vocab_size: 8000\n  emb_dimension: 8\n")
+    code, err = _error(capsys, _args(workdir, draft=str(path)))
+    assert code == 2 and f"{path}: unknown key model.emb_dimension" in err
+
+
+def test_unknown_preset_override_is_named(workdir, capsys):
+    code, err = _error(capsys, _args(workdir, target="t5_tiny_test:vocab_size=8000,layers=3"))
+    assert code == 2 and "--target: unknown field(s) ['layers'] for preset 't5_tiny_test'" in err
+
+
+def test_models_without_checkpoints_need_the_test_flag(workdir, capsys):
+    code, err = _error(capsys, _args(workdir, random_init=False))
+    assert (
+        code == 2 and "'t5_tiny_test' is a registry preset" in err and "--allow-random-init" in err
+    )
+    path = workdir / "untrained.yaml"
+    path.write_text(
+        f"name: untrained\nmodel:\n  vocab_size: 8000\ncheckpoint:\n  export_dir: {workdir}/none\n"
+    )
+    code, err = _error(capsys, _args(workdir, target=str(path), random_init=False))
+    assert (
+        code == 2
+        and f"--target: model 'untrained' ({path}) has no checkpoint at {workdir}/none" in err
+    )
+
+
+def test_vocabulary_mismatch_is_named(workdir, capsys):
+    code, err = _error(capsys, _args(workdir, draft="t5_tiny_test:vocab_size=100"))
+    assert (
+        code == 2
+        and "--draft: 't5_tiny_test' has vocab_size 100 but the SentencePiece model has 8000 pieces"
+        in err
+    )
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--gamma", "0", "argument --gamma: --gamma must be >= 1, got 0"),
+        ("--top-p", "1.5", "argument --top-p: --top-p must be <= 1.0, got 1.5"),
+        ("--temperature", "hot", "argument --temperature: --temperature must be float, got 'hot'"),
+        ("--workers", "gpu", "argument --workers: invalid choice: 'gpu'"),
+    ],
+)
+def test_bad_flag_values_exit_2_with_the_flag_named(workdir, capsys, flag, value, message):
+    code, err = _error(capsys, _args(workdir, flag, value))
+    assert code == 2 and message in err
+
+
+def test_ui_serves_the_store_on_localhost(capsys):
+    code = main(
+        ["ui", "--tracking-uri", "sqlite:////tmp/x/mlflow.db", "--port", "5123", "--dry-run"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0 and "http://127.0.0.1:5123" in out
+    assert "ui --backend-store-uri sqlite:////tmp/x/mlflow.db --host 127.0.0.1 --port 5123" in out
+
+
+def test_prepare_forwards_to_the_ding_preparation(capsys, tmp_path):
+    code = main(
+        ["prepare", "--dictionary", str(tmp_path / "no-such-file"), "--output", str(tmp_path)]
+    )
+    assert code == 2 and "Ding dictionary not found at" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------ pieces
+
+
+def test_default_runner_is_the_in_process_fn_api_runner():
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+    runner, _ = translate.pipeline_options([])
+    assert isinstance(runner, FnApiRunner)
+    runner, options = translate.pipeline_options(["--runner=DirectRunner"])
+    assert runner is None and options.get_all_options()["runner"] == "DirectRunner"
+
+
+class _FakeEngine:
+    """Two tokens per request; raises for any batch holding the id 'bad'."""
+
+    settings = DecodeSettings(gamma=2, batch_size=4, max_new_tokens=4)
+
+    def generate(self, requests):
+        if any(r.id == "bad" for r in requests):
+            raise RuntimeError("cannot decode 'bad'")
+        return [
+            Generation(id=r.id, tokens=[5, 1], iterations=1, drafted=2, accepted=1,
+                       accepted_by_position=[1, 0], batch_wall_ms=2.0)
+            for r in requests
+        ]  # fmt: skip
+
+    generate_baseline = generate
+
+
+def test_an_engine_error_costs_only_the_failing_record():
+    handler = translate.SpeculativeModelHandler(
+        target=None, draft=None, settings=_FakeEngine.settings, workers="inprocess",
+        ray_address=None, compare_baseline=True, job_id="test", warmup=False, progress=False,
+    )  # fmt: skip
+    items = [
+        translate.Tokenized(record=io.Record(id=i, source=i, line=n), encoder_tokens=(7, 1))
+        for n, i in enumerate(["ok1", "bad", "ok2"], start=1)
+    ]
+    results = handler.run_inference(items, _FakeEngine())
+    assert [type(r).__name__ for r in results] == ["Decoded", "DeadLetter", "Decoded"]
+    assert (results[1].id, results[1].reason, results[1].detail) == (
+        "bad",
+        io.ENGINE_ERROR,
+        "RuntimeError: cannot decode 'bad'",
+    )
+    assert results[0].generation.tokens == [5, 1] and results[0].baseline.tokens == [5, 1]
+
+
+def _row(record_id, batch, wall_ms, tokens, iterations, accepted, by_position, base_ms, match):
+    return {
+        "id": record_id, "batch": batch, "wall_ms": wall_ms, "tokens": tokens,
+        "iterations": iterations, "drafted": 3 * iterations, "accepted": accepted,
+        "accepted_by_position": by_position, "baseline_wall_ms": base_ms,
+        "baseline_tokens": tokens, "matches_baseline": match,
+        "output": "the cat sat on the mat", "reference": "the cat sat on the mat",
+    }  # fmt: skip
+
+
+def test_summary_figures_from_rows():
+    rows = [
+        _row("1", "a", 100.0, 6, 2, 4, [2, 1, 1], 300.0, True),
+        _row("2", "a", 100.0, 4, 2, 2, [1, 1, 0], 300.0, True),
+        _row("3", "b", 80.0, 2, 1, 1, [1, 0, 0], 100.0, False),
+    ]
+    summary = job_report.compute_summary(
+        rows, [{"id": "4", "reason": "empty"}], records_in=4,
+        settings=DecodeSettings(gamma=3), compare_baseline=True, quality_metric="bleu",
+    )  # fmt: skip
+    assert (summary["records_in"], summary["records_out"], summary["records_failed"]) == (4, 3, 1)
+    assert summary["failed_by_reason"] == {"empty": 1}
+    assert summary["tokens_per_s"] == pytest.approx(12 / 0.18)  # batches a (100 ms) + b (80 ms)
+    assert summary["baseline_tokens_per_s"] == pytest.approx(12 / 0.4)
+    assert summary["speedup"] == pytest.approx((12 / 0.18) / (12 / 0.4))
+    assert summary["alpha"] == pytest.approx(7 / 15)
+    assert summary["mean_accepted_length"] == pytest.approx((7 + 5) / 5)
+    assert summary["acceptance_by_position"] == pytest.approx([0.8, 0.4, 0.2])
+    # One target step 0.4 s / (6 + 2) steps; one iteration 0.18 s / (2 + 1) = γ·c·t + t.
+    assert summary["c_estimate"] == pytest.approx((0.06 / 0.05 - 1) / 3)
+    assert summary["identical_to_baseline"] is False
+    assert summary["bleu"] == pytest.approx(100.0)
+    assert job_report.quality(rows, "rouge")["rougeL"] == pytest.approx(100.0)
