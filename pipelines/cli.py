@@ -7,6 +7,7 @@ Subcommands:
   ui         the MLflow UI on 127.0.0.1 over the jobs' tracking store
   prepare    writes the Ding En-De splits (``python -m pipelines.data.ding``)
   demo       speculative vs target-only decoding on stub models, in one run
+  study      acceptance-rate study over a grid file (``pipelines.study``, the paper's Table 3)
 
 Arguments after a lone ``--`` go to Beam as pipeline options
 (``specdec translate ... -- --runner=DirectRunner``). User errors (missing file,
@@ -21,7 +22,6 @@ import functools
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import numpy as np
@@ -225,6 +225,7 @@ def ui_command(tracking_uri: str, port: int) -> list[str]:
 
 
 def _ui(args: argparse.Namespace) -> int:
+    """Prints the URL, then becomes ``mlflow ui`` (it starts in ~10 s; Ctrl-C stops it)."""
     from pipelines import tracking
 
     uri = args.tracking_uri or tracking.default_tracking_uri()
@@ -233,10 +234,7 @@ def _ui(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(" ".join(command))
         return 0
-    try:
-        return subprocess.run(command, check=False).returncode
-    except KeyboardInterrupt:
-        return 0
+    os.execvp(command[0], command)  # the server replaces this process: signals reach it
 
 
 def _prepare(args: argparse.Namespace) -> int:
@@ -251,7 +249,7 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pipelines import translate
+    from pipelines import study, translate
 
     parser = argparse.ArgumentParser(prog="specdec", description="Speculative decoding jobs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -279,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--target-layers", type=int, default=12)
     demo.add_argument("--summary-json", default=None)
     demo.set_defaults(func=_demo)
+    study_parser = sub.add_parser("study", help="acceptance-rate study over a grid (Table 3)")
+    study.add_arguments(study_parser)
+    study_parser.set_defaults(func=study.command)
     return parser
 
 
