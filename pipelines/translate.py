@@ -176,15 +176,29 @@ _ENGINES: dict[str, list[Any]] = {}  # job id -> engines its handler built (this
 _ENGINES_LOCK = threading.Lock()
 
 
+def _checkpoint_version(spec) -> int | None:
+    """mtime of the checkpoint folder: a new export (a new checkpoint_<step>) changes it."""
+    if spec.checkpoint is None:
+        return None
+    path = pathlib.Path(spec.checkpoint)
+    return path.stat().st_mtime_ns if path.exists() else None
+
+
 @functools.lru_cache(maxsize=4)
-def _bound_model(spec):
-    """One BoundModel per spec per process: compiled steps are cached per model object,
-    so repeated in-process jobs (tests, notebooks) do not recompile."""
+def _cached_model(spec, version: int | None):
     from specdec_core.models.bound import load_model
 
+    del version  # part of the cache key only
     return load_model(
         spec.name, spec.family, spec.config, checkpoint=spec.checkpoint, init_seed=spec.init_seed
     )
+
+
+def _bound_model(spec):
+    """One BoundModel per spec (and checkpoint version) per process: compiled steps are
+    cached per model object, so repeated in-process jobs (tests, notebooks) do not
+    recompile."""
+    return _cached_model(spec, _checkpoint_version(spec))
 
 
 def build_engine(*, target, draft, settings: DecodeSettings, workers: str, ray_address: str | None):
