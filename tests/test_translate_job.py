@@ -47,6 +47,10 @@ SENTENCES = [
 GAMMA, BATCH, MAX_NEW, SEED = 3, 4, 8, 7
 PRESET = "t5_tiny_test:vocab_size=8000"  # for the CLI error tests (random init)
 DRAFT_NOISE = 0.1  # × each tensor's std
+SUMMARY_KEYS = set(
+    "records_in records_out records_failed speedup alpha mean_accepted_length tokens_per_s "
+    "baseline_tokens_per_s bleu identical_to_baseline mlflow_run_id".split()
+)
 ROW_KEYS = {"id", "source", "output", "reference", "tokens", "iterations", "accepted", "wall_ms"}
 
 
@@ -192,6 +196,7 @@ def test_greedy_job_writes_every_record_and_equals_the_baseline(run_job):
     assert 0.0 <= summary["bleu"] < 5.0  # random weights: (almost) no n-gram matches
     assert summary["rouge1"] is None and summary["bytes_per_iteration"] is None
     assert re.fullmatch(r"[0-9a-f]{32}", summary["mlflow_run_id"])
+    assert SUMMARY_KEYS <= set(summary)
 
 
 def test_mlflow_run_has_params_metrics_and_artifacts(run_job, models, tracking_uri, tmp_path):
@@ -305,6 +310,29 @@ def test_bad_lines_are_dead_letters_and_no_id_is_lost(workdir, models, tracking_
         job.summary["records_out"],
         job.summary["records_failed"],
     ) == (9, 5, 4)
+
+
+def test_a_lost_record_fails_the_job_loudly(workdir, models, tracking_uri, capsys, monkeypatch):
+    from mlflow.tracking import MlflowClient
+
+    read_jsonl = io.read_jsonl
+    monkeypatch.setattr(io, "read_jsonl", lambda path: read_jsonl(path)[1:])  # drop one row
+    output = workdir / "lossy.jsonl"
+    args = job_args(
+        workdir / "sentences.tsv",
+        output,
+        models=models,
+        workers="inprocess",
+        temperature=0.0,
+        tracking_uri=tracking_uri,
+    )
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "specdec: error: records lost or duplicated: input ids in neither file: '" in err
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiment = client.get_experiment_by_name("translate")
+    (run,) = client.search_runs([experiment.experiment_id], "params.dataset != ''", max_results=1)
+    assert run.info.status == "FAILED" and "records_out" not in run.data.metrics
 
 
 def test_summarize_job_scores_rouge_in_its_own_experiment(workdir, models, tracking_uri):
