@@ -254,7 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description="Speculative decoding jobs.")
     sub = parser.add_subparsers(dest="command", required=True)
     for kind in (translate.TRANSLATE, translate.SUMMARIZE):
-        job = sub.add_parser(kind.name, help=f"the {kind.name} Beam job (speculative decoding)")
+        job = sub.add_parser(
+            kind.name,
+            help=f"the {kind.name} Beam job (speculative decoding)",
+            epilog="Beam pipeline options go after a lone --, e.g. -- --runner=DataflowRunner "
+            "(default: the in-process FnApiRunner). Models: a configs/models name, a model "
+            "YAML path, or (with --allow-random-init) a registry preset[:key=value,...].",
+        )
         _add_job_arguments(job, kind)
     ui = sub.add_parser("ui", help="MLflow UI on 127.0.0.1 over the jobs' store")
     ui.add_argument("--tracking-uri", default=None, help="default: the jobs' default store")

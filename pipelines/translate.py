@@ -309,7 +309,13 @@ class SpeculativeModelHandler(ModelHandler):
             self._progress = Progress(self.total_records, enabled=self.show_progress)
         try:
             results = self._decode(items, model)
-        except Exception:  # retried one by one to find the culprit
+        except Exception as error:  # retried one by one to find the culprit
+            print(
+                f"  a batch of {len(items)} failed ({type(error).__name__}: {error}); "
+                "retrying its records one by one",
+                file=sys.stderr,
+                flush=True,
+            )
             results = [self._decode_one(item, model) for item in items]
         self._progress.update(len(items))
         return results
