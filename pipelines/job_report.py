@@ -17,7 +17,6 @@ depend on the runner. Terms:
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -143,23 +142,6 @@ def compute_summary(
 
 
 # ------------------------------------------------------------------------ MLflow
-
-
-def _artifact_root(tracking_uri: str) -> str | None:
-    """``<db folder>/mlartifacts`` for a SQLite store (else MLflow's default: ./mlruns)."""
-    prefix = "sqlite:///"
-    if not tracking_uri.startswith(prefix):
-        return None
-    return str(pathlib.Path(tracking_uri[len(prefix) :]).resolve().parent / "mlartifacts")
-
-
-def ensure_experiment(name: str, tracking_uri: str) -> None:
-    """Creates the experiment with its artifacts beside the SQLite store, if absent."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=tracking_uri)
-    if client.get_experiment_by_name(name) is None:
-        client.create_experiment(name, artifact_location=_artifact_root(tracking_uri))
 
 
 def job_params(job: JobConfig) -> dict[str, Any]:

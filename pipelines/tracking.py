@@ -57,6 +57,24 @@ def flatten_params(params: Mapping[str, Any], *, prefix: str = "") -> dict[str, 
     return flat
 
 
+def artifact_root(tracking_uri: str) -> str | None:
+    """``<db folder>/mlartifacts`` for a SQLite store (else MLflow's default, ./mlruns)."""
+    prefix = "sqlite:///"
+    if not tracking_uri.startswith(prefix):
+        return None
+    return str(pathlib.Path(tracking_uri[len(prefix) :]).resolve().parent / "mlartifacts")
+
+
+def ensure_experiment(name: str, tracking_uri: str) -> None:
+    """Creates the experiment, with its artifacts beside a SQLite store, if absent
+    (MLflow's default would put them in ./mlruns of whatever folder a job ran in)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=tracking_uri)
+    if client.get_experiment_by_name(name) is None:
+        client.create_experiment(name, artifact_location=artifact_root(tracking_uri))
+
+
 @contextlib.contextmanager
 def start_run(
     experiment: str,
@@ -73,7 +91,9 @@ def start_run(
     """
     import mlflow
 
-    mlflow.set_tracking_uri(tracking_uri or default_tracking_uri())
+    tracking_uri = tracking_uri or default_tracking_uri()
+    mlflow.set_tracking_uri(tracking_uri)
+    ensure_experiment(experiment, tracking_uri)
     mlflow.set_experiment(experiment)
     all_tags = {"git_commit": git_commit(), **(tags or {})}
     with mlflow.start_run(run_name=run_name, tags=all_tags) as run:

@@ -506,7 +506,6 @@ def run_job(job: JobConfig) -> dict[str, Any]:
 
         ensure_ray(job.ray_address)  # before any JAX computation in this process
     tracking_uri = job.tracking_uri or tracking.default_tracking_uri()
-    job_report.ensure_experiment(job.kind.name, tracking_uri)
     started = time.perf_counter()
     with tracking.start_run(
         job.kind.name,
