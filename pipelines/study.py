@@ -58,7 +58,8 @@ model or a missing checkpoint fail before any work, naming the problem and the f
         drafts: [gpt_en_draft, bigram, unigram]
         label: GPT-like (Ding En)  # TASK column (default: the target's name)
         temperatures: [0, 1]     # optional; default decode.temperatures
-        optional: false          # true: skip the entry (with a note) if a checkpoint is missing
+        optional: false          # true: leave out (with a note) drafts without a checkpoint,
+                                 # and the whole entry if the target has none
 
 A model reference is a model config name (``configs/models/NAME.yaml``, checkpoint in
 its export folder), a path to one, ``unigram``/``bigram`` (drafts only), or a mapping
@@ -222,7 +223,7 @@ class StudyConfig:
     decode: DecodeConfig
     theory: TheoryConfig
     grid: tuple[GridEntry, ...]
-    skipped: tuple[str, ...]  # notes on optional entries left out (missing checkpoints)
+    skipped: tuple[str, ...]  # optional entries and drafts left out (missing checkpoints)
     path: str  # the grid file
 
 
@@ -236,6 +237,16 @@ def _fail(file: str, where: str, message: str, kind: type = ConfigError):
 
 def _has_checkpoint(folder: pathlib.Path) -> bool:
     return folder.is_dir() and any(folder.iterdir())
+
+
+def _latest_step(folder: pathlib.Path) -> pathlib.Path:
+    """An export folder -> its newest ``checkpoint_<step>`` (so runs record the step)."""
+    steps = [
+        (int(child.name.split("_")[1]), child)
+        for child in folder.glob("checkpoint_*")
+        if child.is_dir() and child.name.split("_")[1].isdigit()
+    ]
+    return max(steps)[1] if steps else folder
 
 
 def _preset_ref(raw: Mapping, *, where: str, file: str) -> ModelRef:
@@ -304,7 +315,7 @@ def _config_ref(ref: str, raw: Mapping, *, where: str, file: str) -> ModelRef:
         name=str(raw.get("name", model_file.name)),
         family=model_file.family,
         config=model_file.model,
-        checkpoint=None if random_init else str(model_file.export_dir),
+        checkpoint=None if random_init else str(_latest_step(model_file.export_dir)),
         init_seed=int(raw.get("init_seed", 0)),
         source=model_file.path,
     )
@@ -361,7 +372,30 @@ def _check_pair(target: ModelRef, draft: ModelRef, *, where: str, file: str) -> 
         )
 
 
-def _parse_entry(raw: Any, index: int, *, decode: DecodeConfig, file: str) -> GridEntry:
+def _parse_drafts(
+    values: Sequence[Any], target: ModelRef, *, optional: bool, where: str, file: str
+) -> tuple[list[ModelRef], list[str]]:
+    """(drafts, notes): in an optional entry a draft without a checkpoint is left out."""
+    drafts, notes = [], []
+    for j, value in enumerate(values):
+        draft_where = f"{where}.drafts[{j}]"
+        try:
+            drafts.append(parse_model_ref(value, where=draft_where, file=file, draft=True))
+        except MissingCheckpoint as missing:
+            if not optional:
+                raise
+            notes.append(f"left out: {missing}")
+            continue
+        _check_pair(target, drafts[-1], where=draft_where, file=file)
+    if not drafts:
+        _fail(file, where, "no draft has a checkpoint", MissingCheckpoint)
+    return drafts, notes
+
+
+def _parse_entry(
+    raw: Any, index: int, *, decode: DecodeConfig, file: str
+) -> tuple[GridEntry, list[str]]:
+    """One ``grid`` item -> (entry, notes on optional drafts left out)."""
     where = f"grid[{index}]"
     if not isinstance(raw, Mapping):
         _fail(file, where, f"an entry is a mapping, got {raw!r}")
@@ -371,22 +405,20 @@ def _parse_entry(raw: Any, index: int, *, decode: DecodeConfig, file: str) -> Gr
     if "target" not in raw or not raw.get("drafts"):
         _fail(file, where, "an entry needs a target and a non-empty list of drafts")
     target = parse_model_ref(raw["target"], where=f"{where}.target", file=file, draft=False)
-    drafts = []
-    for j, value in enumerate(raw["drafts"]):
-        draft_where = f"{where}.drafts[{j}]"
-        drafts.append(parse_model_ref(value, where=draft_where, file=file, draft=True))
-        _check_pair(target, drafts[-1], where=draft_where, file=file)
+    optional = bool(raw.get("optional", False))
+    drafts, notes = _parse_drafts(raw["drafts"], target, optional=optional, where=where, file=file)
     temperatures = tuple(raw.get("temperatures") or decode.temperatures)
     try:
         dataclasses.replace(decode, temperatures=temperatures)
     except ValueError as error:
         _fail(file, f"{where}.temperatures", str(error))
-    return GridEntry(
+    entry = GridEntry(
         target=target,
         drafts=tuple(drafts),
         label=str(raw.get("label", target.name)),
         temperatures=tuple(float(t) for t in temperatures),
     )
+    return entry, notes
 
 
 def load_study_config(path: str | pathlib.Path, *, seed: int | None = None) -> StudyConfig:
@@ -411,7 +443,9 @@ def load_study_config(path: str | pathlib.Path, *, seed: int | None = None) -> S
     entries, skipped = [], []
     for index, entry in enumerate(raw["grid"]):
         try:
-            entries.append(_parse_entry(entry, index, decode=decode, file=file))
+            parsed, notes = _parse_entry(entry, index, decode=decode, file=file)
+            entries.append(parsed)
+            skipped += notes
         except MissingCheckpoint as missing:
             if not (isinstance(entry, Mapping) and entry.get("optional")):
                 raise
@@ -568,6 +602,23 @@ class StudyModel:
     params: Any = None  # the bound params (NGramParams for n-grams), for inspection
 
 
+def unfolded_forward(forward: Callable, params) -> Callable:
+    """``forward(params, cache, tokens)`` with ``params`` bound behind an optimization
+    barrier: ``(cache, tokens) -> (logits, cache)``.
+
+    Params bound into a jitted loop are compile-time constants, and XLA constant-folds
+    what depends on them alone: a unigram draft's sampling distribution over a 8000-piece
+    vocabulary, broadcast over the batch, took 53 s to fold on this CPU (a bigram
+    [V, V] table minutes). The barrier keeps them opaque; it costs nothing at run time.
+    """
+    import jax
+
+    def bound(cache, tokens):
+        return forward(jax.lax.optimization_barrier(params), cache, tokens)
+
+    return bound
+
+
 def ngram_model(name: str, params) -> StudyModel:
     """A StudyModel over n-gram params (``log_probs`` [V] or [V, V])."""
     from specdec_core.models import ngram
@@ -576,7 +627,7 @@ def ngram_model(name: str, params) -> StudyModel:
         name=name,
         family="unigram" if params.log_probs.ndim == 1 else "bigram",
         vocab_size=int(params.log_probs.shape[-1]),
-        forward=functools.partial(ngram.forward, params),
+        forward=unfolded_forward(ngram.forward, params),
         new_cache=lambda encoder_tokens, batch, max_len: ngram.init_cache(batch, max_len),
         param_count=int(params.log_probs.size),
         params=params,
@@ -587,16 +638,18 @@ _MODELS: dict[Any, StudyModel] = {}  # this process's loaded models, by what def
 
 
 def _load_neural(ref: ModelRef) -> StudyModel:
+    from specdec_core.models import decoder, t5
     from specdec_core.models.bound import load_model
 
     bound = load_model(
         ref.name, ref.family, ref.config, checkpoint=ref.checkpoint, init_seed=ref.init_seed
     )
+    module = t5 if ref.family == "t5" else decoder
     return StudyModel(
         name=ref.name,
         family=ref.family,
         vocab_size=bound.vocab_size,
-        forward=bound.forward,
+        forward=unfolded_forward(functools.partial(module.forward, ref.config), bound.params),
         new_cache=bound.new_cache,
         param_count=bound.param_count(),
         params=bound.params,

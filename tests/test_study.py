@@ -237,17 +237,41 @@ def test_bad_grid_files_fail_before_any_work_naming_problem_and_file(
     assert not (tmp_path / "mlflow.db").exists()
 
 
-def test_the_valid_grid_loads_and_an_optional_entry_without_checkpoint_is_skipped(tmp_path):
+def test_optional_entries_leave_out_models_without_checkpoints(tmp_path):
     grid = _valid_grid(tmp_path)
-    grid["grid"].append({"target": "gpt_97m", "drafts": ["unigram"], "optional": True})
+    tiny = {"preset": "gpt_tiny_test", "random_init": True, "name": "tiny"}
+    grid["grid"] += [
+        {"target": "gpt_97m", "drafts": ["unigram"], "optional": True},
+        {"target": tiny, "drafts": ["gpt_97m", "unigram"], "optional": True},
+    ]
     loaded = study.load_study_config(_write(tmp_path, grid), seed=7)
     assert loaded.seed == 7
     assert [(e.target.name, [d.name for d in e.drafts]) for e in loaded.grid] == [
-        ("gpt_tiny_test", ["bigram", "gpt_tiny_test"])
+        ("gpt_tiny_test", ["bigram", "gpt_tiny_test"]),
+        ("tiny", ["unigram"]),
     ]
     assert loaded.grid[0].temperatures == (0.0, 1.0)
-    [note] = loaded.skipped
-    assert note.startswith("skipped optional grid[1]: ") and "gpt_97m" in note
+    skipped_entry, left_out_draft = loaded.skipped
+    assert skipped_entry.startswith("skipped optional grid[1]: ") and "gpt_97m" in skipped_entry
+    assert left_out_draft.startswith("left out: ") and "grid[2].drafts[0]" in left_out_draft
+
+
+def test_t5_prompts_are_the_whole_sentence_on_the_encoder_side():
+    dataset = study.DatasetConfig(tokenizer="ascii", prompt_tokens=2, bos_id=0)
+    prompts = [study.Prompt(id=5, text="Hi.", tokens=(72, 105, 46))]
+    batch = study.pack_prompts(
+        prompts, family="t5", dataset=dataset, batch_size=2, max_new_tokens=7
+    )
+    encoded = [ord(c) for c in study.T5_PREFIX + "Hi."] + [study.T5_EOS_ID]
+    assert batch.encoder_tokens.shape == (2, 48)  # padded to a multiple of 16
+    assert batch.encoder_tokens[0, : len(encoded)].tolist() == encoded
+    assert batch.prompt_tokens.tolist() == [[study.T5_START_ID]] * 2
+    assert batch.max_new.tolist() == [7, 0] and batch.real.tolist() == [True, False]
+    decoder_batch = study.pack_prompts(
+        prompts, family="decoder", dataset=dataset, batch_size=1, max_new_tokens=7
+    )
+    assert decoder_batch.prompt_tokens.tolist() == [[0, 72, 105]]  # bos + 2 pieces
+    assert decoder_batch.encoder_tokens is None and decoder_batch.ids.tolist() == [5]
 
 
 @pytest.mark.parametrize("entry_point", ["pipelines.study", "specdec study"])
