@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run test test-fast lint format bench clean
+.PHONY: install run ui test test-fast lint format bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -14,9 +14,17 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
-## The main job (see README).
+## The main job (see README): offline En->De speculative translation of the shipped
+## sample on the embedded pair, with the target alone on the same records for the
+## speedup, logged to MLflow (runs/mlflow.db).
 run: $(STAMP)
-	$(BIN)/specdec demo
+	$(BIN)/specdec translate --input assets/samples/en_de_sample.tsv \
+	    --output runs/translate/sample.jsonl --compare-baseline \
+	    --summary-json runs/translate/sample.summary.json
+
+## Browse the runs: the MLflow UI on 127.0.0.1.
+ui: $(STAMP)
+	$(BIN)/specdec ui
 
 ## The whole test suite, statistical and end-to-end tests included.
 test: $(STAMP)
@@ -37,6 +45,8 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_loop_overhead.py
+	$(BIN)/python benchmarks/bench_ray_vs_inprocess.py
+	$(BIN)/python benchmarks/bench_t5_forward.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
