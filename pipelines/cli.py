@@ -237,12 +237,22 @@ def _ui(args: argparse.Namespace) -> int:
     os.execvp(command[0], command)  # the server replaces this process: signals reach it
 
 
+def _train(args: argparse.Namespace) -> int:
+    """``specdec train ARGS`` = ``python -m pipelines.train ARGS``."""
+    from pipelines import train
+
+    try:
+        return train.main(args.passthrough_args)
+    except SystemExit as exit_:  # its own argparse (--help, bad flags)
+        return int(exit_.code or 0)
+
+
 def _prepare(args: argparse.Namespace) -> int:
     """``specdec prepare ARGS`` = ``python -m pipelines.data.ding ARGS``."""
     from pipelines.data import ding
 
     try:
-        ding.main(args.ding_args)
+        ding.main(args.passthrough_args)
     except SystemExit as exit_:  # its own argparse (--help, bad flags)
         return int(exit_.code or 0)
     return 0
@@ -269,9 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
     ui.set_defaults(func=_ui)
     prepare = sub.add_parser("prepare", help="write the Ding En-De splits (pipelines.data.ding)")
     prepare.add_argument(
-        "ding_args", nargs=argparse.REMAINDER, help="arguments for pipelines.data.ding"
+        "passthrough_args", nargs=argparse.REMAINDER, help="arguments for pipelines.data.ding"
     )
     prepare.set_defaults(func=_prepare)
+    train = sub.add_parser("train", help="train a model config (pipelines.train)")
+    train.add_argument("passthrough_args", nargs=argparse.REMAINDER, help="pipelines.train args")
+    train.set_defaults(func=_train)
     demo = sub.add_parser("demo", help="speculative vs target-only decoding on stub models")
     demo.add_argument("--gamma", type=int, default=4)
     demo.add_argument("--temperature", type=float, default=0.0)
@@ -303,14 +316,15 @@ def main(argv: list[str] | None = None) -> int:
     own, beam_args = (
         _split_beam_args(argv) if argv[:1] in (["translate"], ["summarize"]) else (argv, [])
     )
-    is_prepare = own[:1] == ["prepare"]  # everything after it belongs to pipelines.data.ding
+    # Everything after these belongs to pipelines.data.ding / pipelines.train.
+    passthrough = own[:1] in (["prepare"], ["train"])
     try:
-        args = build_parser().parse_args(own[:1] if is_prepare else own)
+        args = build_parser().parse_args(own[:1] if passthrough else own)
     except SystemExit as exit_:  # argparse has printed its message
         return int(exit_.code or 0)
     args.beam_args = beam_args
-    if is_prepare:
-        args.ding_args = own[1:]
+    if passthrough:
+        args.passthrough_args = own[1:]
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, IsADirectoryError, PermissionError) as err:
