@@ -340,7 +340,10 @@ def bleu_and_samples(decode, params, examples: Examples, *, count: int, samples:
         hypotheses += translate(decode, params, examples, indices, processor)
     references = examples.german[: len(hypotheses)]
     bleu = sacrebleu.corpus_bleu(hypotheses, [references]).score
-    shown = [(examples.english[i], references[i], hypotheses[i]) for i in range(samples)]
+    shown = [
+        (examples.english[i], references[i], hypotheses[i])
+        for i in range(min(samples, len(hypotheses)))
+    ]
     return bleu, shown
 
 
@@ -562,34 +565,46 @@ class Trainer:
         )
         tracking.log_metrics({f"eval_{k}": v for k, v in run.last_eval.items()}, step=run.step)
 
-    def fit(self, *, resume: bool, tracking_uri: str | None, command: str) -> RunState:
-        """Trains to ``max_steps`` (or a stop signal); returns the final RunState."""
-        from pipelines import tracking
-
-        params, opt_state, run = self.initial_state(resume=resume)
-        stop = StopFlag()
-        checkpoint = self.file.checkpoint
-        print(
-            f"{self.file.name}: {configs.param_count(self.file.model) / 1e6:.2f}M params, "
-            f"steps {run.step} -> {self.max_steps}",
-            flush=True,
-        )
-        params_to_log = {
+    def mlflow_params(self) -> dict:
+        return {
             "config": self.file.path,
             "max_steps": self.max_steps,
             "model": dataclasses.asdict(self.file.model),
             "data": dataclasses.asdict(self.file.data),
             "train": dataclasses.asdict(self.train),
         }
+
+    def checkpoint_due(self, step: int, seconds_since_save: float) -> bool:
+        every_steps, every_seconds = (
+            self.file.checkpoint.every_steps,
+            self.file.checkpoint.every_seconds,
+        )
+        return bool(
+            (every_steps and step % every_steps == 0)
+            or (every_seconds and seconds_since_save >= every_seconds)
+            or step == self.max_steps
+        )
+
+    def fit(self, *, resume: bool, tracking_uri: str | None, command: str) -> RunState:
+        """Trains to ``max_steps`` (or a stop signal); returns the final RunState."""
+        from pipelines import tracking
+
+        params, opt_state, run = self.initial_state(resume=resume)
+        stop = StopFlag()
+        size = configs.param_count(self.file.model) / 1e6
+        print(
+            f"{self.file.name}: {size:.2f}M params, steps {run.step} -> {self.max_steps}",
+            flush=True,
+        )
         with tracking.start_run(
             "train",
             run_name=self.file.name,
-            params=params_to_log,
+            params=self.mlflow_params(),
             tags={"model": self.file.name, "resumed_from_step": str(run.step)},
             tracking_uri=tracking_uri,
         ):
-            last_save_time, window_start, window_step = time.time(), time.time(), run.step
-            segment_start, wall_at_start = time.time(), run.wall_s
+            last_save = window_start = segment_start = time.time()
+            window_step, wall_at_start = run.step, run.wall_s
             while run.step < self.max_steps and not stop.stop:
                 params, opt_state, metrics = self.train_step(
                     params, opt_state, self.batch(run.step)
@@ -597,26 +612,51 @@ class Trainer:
                 run.step += 1
                 run.wall_s = wall_at_start + time.time() - segment_start
                 if run.step % self.train.log_every == 0:
-                    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
                     rate = (run.step - window_step) / max(time.time() - window_start, 1e-9)
                     window_start, window_step = time.time(), run.step
-                    print(_progress_line(run.step, self.max_steps, metrics, rate), flush=True)
-                    tracking.log_metrics(
-                        {k: metrics[k] for k in ("loss", "accuracy", "grad_norm")}
-                        | {"steps_per_s": rate},
-                        step=run.step,
-                    )
+                    self.log_progress(run.step, jax.device_get(metrics), rate, tracking)
                 if run.step % self.train.eval_every == 0 or run.step == self.max_steps:
                     self.log_eval(params, run, tracking)
-                due_steps = checkpoint.every_steps and run.step % checkpoint.every_steps == 0
-                due_time = (
-                    checkpoint.every_seconds
-                    and time.time() - last_save_time >= checkpoint.every_seconds
-                )
-                if due_steps or due_time or run.step == self.max_steps or stop.stop:
+                if self.checkpoint_due(run.step, time.time() - last_save) or stop.stop:
                     self.save(params, opt_state, run, command)
-                    last_save_time = time.time()
+                    last_save = time.time()
         return run
+
+    def log_progress(self, step: int, metrics, rate: float, tracking) -> None:
+        """One progress line (loss, accuracy, steps/s, ETA) and the MLflow train metrics."""
+        metrics = {k: float(v) for k, v in metrics.items()}
+        print(_progress_line(step, self.max_steps, metrics, rate), flush=True)
+        logged = {k: metrics[k] for k in ("loss", "accuracy", "grad_norm")}
+        tracking.log_metrics(logged | {"steps_per_s": rate}, step=step)
+
+
+def evaluate_checkpoint(model_file: configs.ModelFileConfig, *, split: str) -> dict:
+    """Loss, accuracy and greedy BLEU of the latest checkpoint on every pair of ``split``."""
+    import sentencepiece as spm
+
+    examples = load_examples(model_file.data, split)
+    params = load_model_params(model_file)
+    logits_fn = training.logits_fn_for(model_file.model)
+    result = evaluate(training.make_eval_step(logits_fn), params, examples, count=len(examples))
+    if isinstance(model_file.model, t5.T5Config):
+        processor = spm.SentencePieceProcessor(
+            model_file=str(configs.resolve(model_file.data.vocab_path))
+        )
+        decode = training.t5_greedy_decoder(
+            model_file.model, max_decode_len=model_file.data.max_target_length
+        )
+        result["bleu"], shown = bleu_and_samples(
+            decode, params, examples, count=len(examples), samples=5, processor=processor
+        )
+        for english, reference, hypothesis in shown:
+            print(f"  EN  {english}\n  REF {reference}\n  HYP {hypothesis}", flush=True)
+    return {"split": split, "examples": len(examples), **result}
+
+
+def enable_compilation_cache(directory: str | pathlib.Path = "runs/jax_cache") -> None:
+    """Persists compiled steps across restarts (one compile per bucket shape, ever)."""
+    jax.config.update("jax_compilation_cache_dir", str(configs.resolve(directory)))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -627,6 +667,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     parser.add_argument("--max-steps", type=int, default=None, help="override train.max_steps")
     parser.add_argument("--tracking-uri", default=None, help="MLflow URI (default runs/mlflow.db)")
+    parser.add_argument(
+        "--evaluate",
+        metavar="SPLIT",
+        default=None,
+        help="only evaluate the latest checkpoint on SPLIT (loss, accuracy, BLEU of all pairs)",
+    )
     return parser.parse_args(argv)
 
 
@@ -634,7 +680,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point (also ``specdec train``); returns an exit status."""
     args = parse_args(argv)
     model_file = configs.load_model_config(args.config)
+    enable_compilation_cache()
     command = "python -m pipelines.train " + " ".join(sys.argv[1:] if argv is None else list(argv))
+    if args.evaluate:
+        result = evaluate_checkpoint(model_file, split=args.evaluate)
+        print(json.dumps(result), flush=True)
+        return 0
     trainer = Trainer(model_file, max_steps=args.max_steps)
     run = trainer.fit(resume=args.resume, tracking_uri=args.tracking_uri, command=command)
     print(

@@ -117,3 +117,8 @@ def test_train_job_checkpoints_exports_and_resumes(tiny_config, tmp_path):
     final = trainer.fit(resume=True, tracking_uri=uri, command="test")
     assert final.step == 6
     assert [step for step, _ in train.complete_checkpoints(model_file.train_dir)] == [6]
+    result = train.evaluate_checkpoint(model_file, split="test")
+    assert result["examples"] == 4 and 0.0 <= result["bleu"] <= 100.0
+    assert result["tokens"] == sum(
+        len(y) for y in train.load_examples(model_file.data, "test").targets
+    )
