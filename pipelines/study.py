@@ -1134,8 +1134,17 @@ def cell_row(study: StudyConfig, key: tuple[int, int, int], parts: Iterable[Cell
         "draft_params": drafts[draft_index].param_count,
         "target_source": entry.target.source or entry.target.name,
         "draft_source": entry.drafts[draft_index].source or "fit on the training split",
+        "target_checkpoint": _weights(entry.target),
+        "draft_checkpoint": _weights(entry.drafts[draft_index]),
         **summary,
     }
+
+
+def _weights(ref: ModelRef) -> str:
+    """Where a model's weights came from (the checkpoint step folder, for the record)."""
+    if ref.is_ngram:
+        return "n-gram fit on the training split"
+    return ref.checkpoint or f"random init (seed {ref.init_seed}, test-only)"
 
 
 def build_pipeline(pipeline, study: StudyConfig, output: str) -> None:
@@ -1225,6 +1234,8 @@ def cell_params(study: StudyConfig, row: Mapping) -> dict[str, Any]:
         "c_source": row["c_source"],
         "target_source": row["target_source"],
         "draft_source": row["draft_source"],
+        "target_checkpoint": row["target_checkpoint"],
+        "draft_checkpoint": row["draft_checkpoint"],
         "target_params": row["target_params"],
         "draft_params": row["draft_params"],
         "ci": f"{study.theory.confidence:g} percentile bootstrap over sequences "

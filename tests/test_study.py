@@ -357,6 +357,7 @@ def test_mlflow_parent_and_nested_child_runs_hold_the_reported_numbers(tiny_stud
         child = client.get_run(row["mlflow_run_id"])
         assert child.data.params["draft"] == row["draft"]
         assert child.data.params["temperature"] == "1.0"
+        assert child.data.params["target_checkpoint"] == "random init (seed 0, test-only)"
         metrics = child.data.metrics
         for key in ("alpha", "alpha_ci_low", "alpha_ci_high", "empirical_acceptance"):
             assert metrics[key] == pytest.approx(row[key], rel=1e-12)
