@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run ui test test-fast lint format bench clean
+.PHONY: install run ui models test test-fast lint format bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -25,6 +25,13 @@ run: $(STAMP)
 ## Browse the runs: the MLflow UI on 127.0.0.1.
 ui: $(STAMP)
 	$(BIN)/specdec ui
+
+## Retrain the embedded En->De pair (target + two drafts); resumable: rerun to continue
+## from runs/train/ (see assets/checkpoints/README.md for steps and timings).
+models: $(STAMP)
+	$(BIN)/python -m pipelines.train --config configs/models/ende_target.yaml --resume
+	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_small.yaml --resume
+	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_base.yaml --resume
 
 ## The whole test suite, statistical and end-to-end tests included.
 test: $(STAMP)
