@@ -37,8 +37,3 @@ class Forward(Protocol):
 def rollback(cache: Cache, lengths: jax.Array) -> Cache:
     """Sets every row's committed length (int32[B]); K/V slots past it become stale."""
     return cache.replace(lengths=lengths.astype(cache.lengths.dtype))  # type: ignore[attr-defined]
-
-
-def cache_lengths(cache: Any) -> jax.Array:
-    """int32[B]: the number of positions each row of ``cache`` holds."""
-    return cache.lengths
