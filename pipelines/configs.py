@@ -40,7 +40,9 @@ class ConfigError(ValueError):
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataConfig:
     task: str = "ding_ende"  # seqio task name (registered by pipelines.tasks)
-    source: str = "seqio"  # "seqio": the task; "tsv": TSV + SentencePiece directly (no TF)
+    source: str = "seqio"  # "seqio": the task; "tsv": TSV + SentencePiece directly (no TF);
+    #                        "lm": one side of the Ding split as plain text (decoder-only LMs)
+    lm_side: str = "en"  # source "lm": "en" or "de", deduplicated lines, loss on every token
     data_dir: str = "assets/data/ding"  # the Ding TSV splits
     vocab_path: str = "assets/spm/ende.model"  # SentencePiece model (pad=0, eos=1, unk=2)
     max_input_length: int = 64  # longer inputs are trimmed (EOS kept last)

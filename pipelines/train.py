@@ -49,6 +49,7 @@ import flax.serialization
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from pipelines import configs
 from specdec_core import checkpoints, training
@@ -60,6 +61,7 @@ INPUT_BUCKETS = (16, 24, 32, 48, 64)  # padded encoder lengths
 TARGET_BUCKETS = (8, 16, 24, 32, 48, 64)  # padded decoder lengths
 SENTENCE_END = re.compile(r"[.!?][\"')\]]*$")
 TRAIN_STATE_FILE = "train_state.msgpack"
+LM_SIDES = ("en", "de")  # columns of a Ding split
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,8 +78,9 @@ class Examples:
 
     @property
     def is_sentence(self) -> np.ndarray:
-        """bool [N]: the English side ends like a sentence."""
-        return np.array([bool(SENTENCE_END.search(e)) for e in self.english])
+        """bool [N]: the English side (LM text: the text) ends like a sentence."""
+        texts = zip(self.english, self.german, strict=True)
+        return np.array([bool(SENTENCE_END.search(en or de)) for en, de in texts])
 
 
 # ------------------------------------------------------------------------------ data
@@ -131,12 +134,42 @@ def load_examples_seqio(data: configs.DataConfig, split: str) -> Examples:
     return Examples(inputs=inputs, targets=targets, english=english, german=german)
 
 
+def load_examples_lm(data: configs.DataConfig, split: str) -> Examples:
+    """Plain language-model text: one side of the Ding split, each line once, in order.
+
+    Every example has an empty input, so :func:`to_decoder_only` puts the loss on every
+    token (the line's pieces and EOS) after the start id 0, as a GPT-style LM trains.
+    """
+    import sentencepiece as spm
+
+    from pipelines.data import ding
+
+    if data.lm_side not in LM_SIDES:
+        raise configs.ConfigError(f"data.lm_side must be one of {LM_SIDES}, got {data.lm_side!r}")
+    processor = spm.SentencePieceProcessor(model_file=str(configs.resolve(data.vocab_path)))
+    column = LM_SIDES.index(data.lm_side)
+    lines = list(
+        dict.fromkeys(
+            pair[column] for pair in ding.read_split(configs.resolve(data.data_dir), split)
+        )
+    )
+    empty = np.zeros((0,), np.int32)
+    return Examples(
+        inputs=[empty] * len(lines),
+        targets=[_trim(y, data.max_target_length) for y in processor.encode(lines)],
+        english=lines if data.lm_side == "en" else [""] * len(lines),
+        german=lines if data.lm_side == "de" else [""] * len(lines),
+    )
+
+
 def load_examples(data: configs.DataConfig, split: str) -> Examples:
     if data.source == "seqio":
         return load_examples_seqio(data, split)
     if data.source == "tsv":
         return load_examples_tsv(data, split)
-    raise ValueError(f"data.source must be 'seqio' or 'tsv', got {data.source!r}")
+    if data.source == "lm":
+        return load_examples_lm(data, split)
+    raise ValueError(f"data.source must be 'seqio', 'tsv' or 'lm', got {data.source!r}")
 
 
 def bucket_length(length: int, buckets: Sequence[int]) -> int:
@@ -267,6 +300,23 @@ def restore_train_checkpoint(folder: pathlib.Path, *, params_like, opt_state_lik
     opt_state = flax.serialization.from_state_dict(opt_state_like, state["opt_state"])
     opt_state = jax.tree.map(jnp.asarray, opt_state)
     return params, opt_state, int(state["step"]), json.loads(state["meta"])
+
+
+def at_schedule_step(opt_state, step: int):
+    """Fresh optimizer state whose learning-rate schedule continues at ``step``.
+
+    Only the schedule's counter moves: the moments' own counters (Adam's bias
+    correction, Adafactor's decay) stay at 0 because their moments are fresh.
+    """
+
+    def advance(node):
+        if isinstance(node, optax.ScaleByScheduleState):
+            return node._replace(count=jnp.full_like(node.count, step))
+        return node
+
+    return jax.tree.map(
+        advance, opt_state, is_leaf=lambda n: isinstance(n, optax.ScaleByScheduleState)
+    )
 
 
 def export_params(export_dir: pathlib.Path, *, step: int, params, dtype: str, info: dict):
@@ -493,7 +543,39 @@ class Trainer:
                 raise RuntimeError(f"{folder} was trained with another vocabulary")
             run = RunState(step=step, wall_s=meta.get("wall_s", 0.0), last_eval=meta["eval"])
             print(f"resumed from {folder} (step {step})", flush=True)
+        elif resume and (warm := self.exported_state()) is not None:
+            params, run = warm
+            opt_state = at_schedule_step(self.optimizer.init(params), run.step)
+            print(
+                f"warm start from the export {self.file.export_dir} (step {run.step}); "
+                "no resumable train state, so the optimizer state starts afresh",
+                flush=True,
+            )
         return params, opt_state, run
+
+    def exported_state(self):
+        """(float32 params, RunState) of the committed export, or None when there is none.
+
+        A fresh checkout has the bfloat16 export but not the float32 train dir; resuming
+        from the export keeps the training progress (step, wall time) and loses only the
+        optimizer moments, which re-estimate within a few hundred steps.
+        """
+        info_path = self.file.export_dir / "training.json"
+        if not info_path.is_file():
+            return None
+        info = json.loads(info_path.read_text())
+        if info.get("vocab_sha256") not in (None, self.vocab_sha256):
+            raise RuntimeError(f"{self.file.export_dir} was trained with another vocabulary")
+        try:
+            params = load_model_params(self.file, self.file.export_dir)
+        except checkpoints.CheckpointError as error:
+            raise RuntimeError(f"cannot warm-start from {self.file.export_dir}: {error}") from error
+        run = RunState(
+            step=int(info["step"]),
+            wall_s=float(info.get("wall_s", 0.0)),
+            last_eval=info.get("validation", {}),
+        )
+        return params, run
 
     def batch(self, step: int) -> dict:
         (input_len, target_len), indices = self.sampler.draw(step)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import pathlib
 
+import jax
 import numpy as np
 import pytest
 
@@ -122,3 +123,83 @@ def test_train_job_checkpoints_exports_and_resumes(tiny_config, tmp_path):
     assert result["tokens"] == sum(
         len(y) for y in train.load_examples(model_file.data, "test").targets
     )
+
+
+def test_resume_without_train_state_warm_starts_from_the_export(tiny_config, tmp_path):
+    """A fresh checkout has the committed bfloat16 export but no runs/train state."""
+    import shutil
+
+    import optax
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert (
+        train.main(["--config", str(tiny_config), "--max-steps", "2", "--tracking-uri", uri]) == 0
+    )
+    model_file = configs.load_model_config(tiny_config)
+    shutil.rmtree(model_file.train_dir)
+    trainer = train.Trainer(model_file, max_steps=4)
+    params, opt_state, run = trainer.initial_state(resume=True)
+    info = json.loads((model_file.export_dir / "training.json").read_text())
+    assert run.step == 2 and run.last_eval == info["validation"]
+    exported = checkpoints.load_t5x(model_file.export_dir / "checkpoint_2")
+    np.testing.assert_array_equal(
+        np.asarray(params["token_embedder"]["embedding"]),
+        exported["token_embedder"]["embedding"].astype(np.float32),
+    )
+    # The learning-rate schedule continues at step 2; the moments start afresh.
+    counts = [
+        int(node.count)
+        for node in jax.tree.leaves(
+            opt_state, is_leaf=lambda n: isinstance(n, optax.ScaleByScheduleState)
+        )
+        if isinstance(node, optax.ScaleByScheduleState)
+    ]
+    assert counts == [2]
+    *_, fresh_run = trainer.initial_state(resume=False)
+    assert fresh_run.step == 0
+
+
+LM_YAML = """
+name: tiny_lm
+family: decoder
+model: {{vocab_size: 8000, emb_dim: 16, num_heads: 2, head_dim: 8, mlp_dim: 32,
+         num_layers: 1, variant: {variant}, max_len: 64}}
+data: {{source: lm, lm_side: {side}, data_dir: {data}, max_target_length: 16}}
+train: {{max_steps: 2, tokens_per_batch: 64, max_batch_size: 8, warmup_steps: 1,
+         log_every: 1, eval_every: 2, eval_examples: 4, bleu_examples: 0}}
+checkpoint: {{train_dir: {out}/train_lm, export_dir: {out}/export_lm, every_steps: 2}}
+"""
+
+
+@pytest.mark.parametrize("variant,side", [("gpt", "en"), ("lamda", "de")])
+def test_lm_source_trains_decoder_only_models_on_one_side(tiny_config, tmp_path, variant, side):
+    data = tiny_config.parent / "data"
+    with (data / "train.tsv").open("a", encoding="utf-8") as handle:
+        handle.write("water\tWasser\n")  # a duplicate line: the LM sees each line once
+    path = tmp_path / "lm.yaml"
+    path.write_text(LM_YAML.format(variant=variant, side=side, data=data, out=tmp_path))
+    model_file = configs.load_model_config(path)
+    examples = train.load_examples(model_file.data, "train")
+    column = 0 if side == "en" else 1
+    assert len(examples) == len(PAIRS)
+    texts = examples.english if side == "en" else examples.german
+    assert texts == [pair[column] for pair in PAIRS]
+    assert examples.is_sentence.tolist() == [True, False, True, False]
+    assert all(len(x) == 0 for x in examples.inputs)
+    batch = train.to_decoder_only(train.make_batch(examples, [0], input_len=16, target_len=16))
+    target = examples.targets[0]
+    # Loss on every token of the line (EOS included), after the start id 0.
+    assert batch["decoder_loss_weights"][0].sum() == len(target)
+    np.testing.assert_array_equal(batch["decoder_target_tokens"][0, : len(target)], target)
+    assert batch["decoder_input_tokens"][0, 0] == 0
+    assert train.main(["--config", str(path), "--tracking-uri", f"sqlite:///{tmp_path}/m.db"]) == 0
+    info = json.loads((model_file.export_dir / "training.json").read_text())
+    assert info["step"] == 2 and np.isfinite(info["validation"]["loss"])
+
+
+def test_lm_source_rejects_an_unknown_side(tiny_config, tmp_path):
+    path = tmp_path / "lm.yaml"
+    data = tiny_config.parent / "data"
+    path.write_text(LM_YAML.format(variant="gpt", side="fr", data=data, out=tmp_path))
+    with pytest.raises(configs.ConfigError, match="lm_side"):
+        train.load_examples(configs.load_model_config(path).data, "train")

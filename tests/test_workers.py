@@ -9,7 +9,7 @@ from workers.batching import DecodeSettings, Request, pack
 from workers.engine import InProcessEngine
 from workers.spec import ModelSpec
 
-VOCAB = 64
+VOCAB = 512  # large enough that one V-vector per row stands out from the framing
 CONFIG = registry.get_config("t5_tiny_test", vocab_size=VOCAB)
 
 
@@ -97,7 +97,8 @@ def test_ray_workers_equal_inprocess(ray_local, temperature):
     assert [g.tokens for g in remote] == [g.tokens for g in expected]
     assert [g.accepted for g in remote] == [g.accepted for g in expected]
     assert [g.tokens for g in remote_base] == [g.tokens for g in local.generate_baseline(reqs[:2])]
-    # Per-iteration traffic: one V-vector per row plus ids and scalars, never γ·V.
+    # Per-iteration traffic (the pickled blobs): one V-vector per row plus the state,
+    # ids and scalars, never γ·V.
     rows, gamma = settings.batch_size, settings.gamma
     per_batch = [max(g.iterations for g in remote[:2]), max(g.iterations for g in remote[2:])]
     assert traffic["iterations"] == sum(per_batch)
@@ -119,3 +120,10 @@ def test_sparse_rows_round_trip_sends_only_the_support():
     np.testing.assert_array_equal(dense_rows((ids, values, offsets), rows, dense.shape), dense)
     empty = sparse_rows(dense, np.array([], np.int64))
     assert dense_rows(empty, np.array([], np.int64), (4, 10)).sum() == 0
+    # Mostly full support (sampling without top-k): the dense rows, 4 bytes per entry.
+    dense[0] = 0.1
+    ids, values, offsets = sparse_rows(dense, np.array([0, 3]))
+    assert ids is None and offsets is None and values.shape == (2, 10)
+    restored = dense_rows((ids, values, offsets), np.array([0, 3]), dense.shape)
+    np.testing.assert_array_equal(restored[[0, 3]], dense[[0, 3]])
+    assert restored[[1, 2]].sum() == 0

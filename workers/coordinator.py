@@ -3,9 +3,11 @@
 ``SpeculativeCoordinator`` drives the loop of one batch between a draft worker and a
 target worker (both :class:`workers.model_worker.ModelWorker` actors): per iteration
 one ``score`` call to the target and one ``recover_and_propose`` call to the draft,
-while it keeps the committed state itself (the same :func:`decoding.commit` the
-in-process loop runs, so outputs are identical). It counts the bytes that cross per
-iteration.
+which takes the target's result as an ObjectRef (submitted together, so no Python
+round trip between them), commits the iteration (the same :func:`decoding.commit`
+the in-process loop runs, so outputs are identical) and returns the state the
+coordinator keeps and sends next. Arguments and results cross as one blob per call
+(:mod:`workers.wire`); the coordinator counts those bytes, the target's result once.
 
 ``RayEngine`` is what jobs use: it starts (or joins, with ``address``) a Ray
 instance, places the two workers and a coordinator as actors, and exposes the
@@ -14,33 +16,17 @@ engine interface of :mod:`workers.engine`.
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 import uuid
 from collections.abc import Sequence
 
 import jax
-import numpy as np
 
-from specdec_core import acceptance, decoding
+from specdec_core import decoding
+from workers import wire
 from workers.batching import DecodeSettings, Generation, PackedBatch, Request, pack, unpack
 from workers.spec import ModelSpec
-
-
-def _nbytes(*values) -> int:
-    leaves = jax.tree_util.tree_leaves(values)
-    return int(sum(np.asarray(x).nbytes for x in leaves if x is not None))
-
-
-@functools.lru_cache(maxsize=16)
-def _commit_fn(eos_id: int | None):
-    def commit(state, draft_tokens, n_accepted, next_token):
-        verdict = acceptance.Verdict(n_accepted=n_accepted, next_token=next_token)
-        new_state = decoding.commit(state, draft_tokens, verdict, eos_id)
-        return new_state, new_state.done.all()
-
-    return jax.jit(commit)
 
 
 class SpeculativeCoordinator:
@@ -72,38 +58,30 @@ class SpeculativeCoordinator:
         ray.get([draft.start.remote(batch_id, *args), target.start.remote(batch_id, *args)])
         draft_s = target_s = 0.0
         t0 = time.perf_counter()
-        tokens, token_probs = ray.get(draft.propose_first.remote(batch_id, state, settings))
+        tokens, token_probs = wire.loads(
+            ray.get(draft.call.remote("propose_first", wire.dumps((batch_id, state, settings))))
+        )
         draft_s += time.perf_counter() - t0
-        commit = _commit_fn(settings.eos_id)
         try:
             while True:
                 t0 = time.perf_counter()
-                n_accepted, target_at_n = ray.get(
-                    target.score.remote(batch_id, state, tokens, token_probs, settings)
-                )
+                to_target = wire.dumps((batch_id, state, tokens, token_probs, settings))
+                to_draft = wire.dumps((batch_id, state, settings))
+                # The draft's call takes the target's result as an ObjectRef: Ray hands
+                # it over when the target is done, with no round trip through here.
+                scored = target.call.remote("score", to_target)
+                committed = draft.call.remote("recover_and_propose", to_draft, scored)
+                ray.wait([scored], fetch_local=False)
                 t1 = time.perf_counter()
-                next_token, next_tokens, next_probs = ray.get(
-                    draft.recover_and_propose.remote(
-                        batch_id, state, n_accepted, target_at_n, settings
-                    )
-                )
+                result = ray.get(committed)
                 t2 = time.perf_counter()
-                self.traffic_bytes += 2 * _nbytes(state) + _nbytes(
-                    tokens,
-                    token_probs,
-                    n_accepted,
-                    target_at_n,
-                    next_token,
-                    next_tokens,
-                    next_probs,
-                )
+                score_bytes = len(ray.get(scored))
+                state, tokens, token_probs = wire.loads(result)
+                self.traffic_bytes += len(to_target) + len(to_draft) + score_bytes + len(result)
                 self.iterations += 1
-                state, all_done = commit(state, tokens, n_accepted, next_token)
-                state = jax.device_get(state)
                 target_s, draft_s = target_s + t1 - t0, draft_s + t2 - t1
-                if all_done:
+                if state.done.all():
                     break
-                tokens, token_probs = next_tokens, next_probs
         finally:
             draft.release.remote(batch_id)
             target.release.remote(batch_id)

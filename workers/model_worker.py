@@ -7,13 +7,20 @@ crosses (DESIGN.md, "Proposals and verification"):
 - target ``score(state, draft_tokens, q_tok) -> (n_accepted, p_at_n)``: scores γ+1
   positions, runs the acceptance tests on the scalars q(x_i) and p(x_i), and returns
   the target distribution at the one position where it is needed ([B, V]);
-- draft ``recover_and_propose(state, n_accepted, p_at_n) -> (next_token, tokens,
-  q_tok)``: samples the recovered/bonus token from norm(max(0, p − q)) with its own q,
-  commits, and proposes the next γ tokens, keeping their full q for the next call.
+- draft ``recover_and_propose(state, n_accepted, p_at_n) -> (state', tokens, q_tok)``:
+  samples the recovered/bonus token from norm(max(0, p − q)) with its own q, commits
+  (state' is the committed state), and proposes the next γ tokens, keeping their
+  full q for the next call.
 
 Caches' lengths derive from the state the coordinator sends, so calls carry no
 hidden position and a restarted worker only needs the committed tokens again.
 The class is plain Python; ``workers.coordinator`` wraps it with ``ray.remote``.
+
+Over Ray, the per-iteration calls go through :meth:`ModelWorker.call`: arguments and
+results travel as one pickled ``bytes`` value each way (:mod:`workers.wire`). Ray
+ships every numpy array as its own out-of-band buffer, which for a dozen tiny arrays
+costs more than the call itself on a small machine; one in-band blob costs about
+what an empty call does.
 """
 
 from __future__ import annotations
@@ -28,8 +35,11 @@ import numpy as np
 from specdec_core import acceptance, decoding
 from specdec_core.models.bound import BoundModel, load_model
 from specdec_core.sampling import SamplingConfig
+from workers import wire
 from workers.batching import DecodeSettings
 from workers.spec import ModelSpec
+
+WIRE_METHODS = ("propose_first", "score", "recover_and_propose")
 
 
 def _token_probs(probs: jax.Array, tokens: jax.Array) -> jax.Array:
@@ -79,33 +89,42 @@ def _recover_and_propose_fn(forward, gamma: int, config: SamplingConfig, eos_id:
         verdict = acceptance.Verdict(n_accepted=n_accepted, next_token=next_token)
         new_state = decoding.commit(state, draft_tokens, verdict, eos_id)
         tokens, probs, cache = propose(cache, new_state)
-        return next_token, tokens, probs, _token_probs(probs, tokens), cache
+        return new_state, tokens, probs, _token_probs(probs, tokens), cache
 
     return jax.jit(recover_and_propose, donate_argnums=0)
 
 
-def sparse_rows(dense: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, ...]:
-    """The non-zero entries of ``dense[rows]`` ([B, V]) as (ids, values, offsets [R+1]).
+def sparse_rows(dense: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray | None, ...]:
+    """``dense[rows]`` ([B, V]) in the smaller of two encodings.
 
-    The target's distribution at the rejection point is one-hot at temperature 0 and
-    has k entries under top-k, so sending only its support keeps traffic small
-    without changing a single value.
+    Sparse, (ids, values, offsets [R+1]): the target's distribution at the rejection
+    point is one-hot at temperature 0 and has k entries under top-k, so sending only
+    its support keeps traffic small without changing a single value. Dense,
+    (None, dense[rows], None), when the support is over half the row (sampling at
+    T > 0 without top-k/top-p): 4 bytes per entry instead of 8.
     """
+    selected = dense[rows]
+    support = selected != 0
+    if 2 * int(support.sum()) > support.size:
+        return None, selected, None
     ids, values, offsets = [], [], [0]
-    for row in rows:
-        nonzero = np.flatnonzero(dense[row])
+    for row in selected:
+        nonzero = np.flatnonzero(row)
         ids.append(nonzero.astype(np.int32))
-        values.append(dense[row, nonzero])
+        values.append(row[nonzero])
         offsets.append(offsets[-1] + len(nonzero))
     if not ids:
         return np.zeros(0, np.int32), np.zeros(0, dense.dtype), np.zeros(1, np.int64)
     return np.concatenate(ids), np.concatenate(values), np.asarray(offsets, np.int64)
 
 
-def dense_rows(sparse: tuple[np.ndarray, ...], rows: np.ndarray, shape) -> np.ndarray:
+def dense_rows(sparse: tuple[np.ndarray | None, ...], rows: np.ndarray, shape) -> np.ndarray:
     """Inverse of :func:`sparse_rows`: a [B, V] float32 array, zero outside ``rows``."""
     ids, values, offsets = sparse
     dense = np.zeros(shape, np.float32)
+    if ids is None:
+        dense[rows] = values
+        return dense
     for i, row in enumerate(rows):
         dense[row, ids[offsets[i] : offsets[i + 1]]] = values[offsets[i] : offsets[i + 1]]
     return dense
@@ -161,19 +180,39 @@ class ModelWorker:
         return np.asarray(n_accepted), sparse_rows(np.asarray(target_at_n), active)
 
     def recover_and_propose(
-        self, batch_id: str, state, n_accepted, target_at_n, settings: DecodeSettings
+        self, batch_id: str, state, settings: DecodeSettings, n_accepted, target_at_n
     ):
+        """(committed state, next draft tokens [B, γ], their q [B, γ]).
+
+        Samples the recovered/bonus token, commits the iteration (the same
+        :func:`decoding.commit` as the in-process loop) and proposes the next block;
+        the coordinator adopts the returned state.
+        """
         fn = _recover_and_propose_fn(
             self.model.forward, settings.gamma, settings.sampling, settings.eos_id
         )
         draft_tokens, draft_probs = self._proposals[batch_id]
         active = np.flatnonzero(~np.asarray(state.done))
         target_at_n = dense_rows(target_at_n, active, draft_probs.shape[::2])
-        next_token, tokens, probs, token_probs, self._caches[batch_id] = fn(
+        new_state, tokens, probs, token_probs, self._caches[batch_id] = fn(
             self._caches[batch_id], state, draft_tokens, draft_probs, n_accepted, target_at_n
         )
         self._proposals[batch_id] = (tokens, probs)
-        return np.asarray(next_token), np.asarray(tokens), np.asarray(token_probs)
+        return jax.device_get(new_state), np.asarray(tokens), np.asarray(token_probs)
+
+    def call(self, method: str, payload: bytes, *chained: bytes) -> bytes:
+        """``method(*args, *results)`` with args and result as :mod:`workers.wire` blobs.
+
+        ``chained`` are other calls' result blobs (tuples), appended to the arguments:
+        the coordinator passes the target's ``score`` result to the draft as an
+        ObjectRef, so it goes to the draft without a round trip through Python.
+        """
+        if method not in WIRE_METHODS:
+            raise ValueError(f"{method!r} is not a wire method (one of {WIRE_METHODS})")
+        args = tuple(wire.loads(payload))
+        for result in chained:
+            args += tuple(wire.loads(result))
+        return wire.dumps(getattr(self, method)(*args))
 
     def generate_alone(self, batch, settings: DecodeSettings) -> decoding.DecodeResult:
         """Target-only decoding of a packed batch, for the baseline of a job."""
