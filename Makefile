@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run ui models test test-fast lint format bench clean
+.PHONY: install run ui models models-en test test-fast lint format bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,6 +32,13 @@ models: $(STAMP)
 	$(BIN)/python -m pipelines.train --config configs/models/ende_target.yaml --resume
 	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_small.yaml --resume
 	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_base.yaml --resume
+
+## Train the English decoder-only pairs of the acceptance study (GPT-like, LaMDA-style;
+## configs/studies/table3_small.yaml), resumable like `models`.
+models-en: $(STAMP)
+	for name in gpt_en_draft lamda_en_draft gpt_en_target lamda_en_target; do \
+	  $(BIN)/python -m pipelines.train --config configs/models/$$name.yaml --resume || exit 1; \
+	done
 
 ## The whole test suite, statistical and end-to-end tests included.
 test: $(STAMP)

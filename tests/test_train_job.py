@@ -59,6 +59,19 @@ def test_committed_model_configs_load_with_the_vocabulary_size():
     assert 2 * sum(sizes.values()) < 60e6
 
 
+def test_committed_english_lm_configs_are_decoder_pairs_within_30_mb():
+    sizes = {}
+    for name in ("gpt_en_target", "gpt_en_draft", "lamda_en_target", "lamda_en_draft"):
+        loaded = configs.load_model_config(REPO_ROOT / "configs" / "models" / f"{name}.yaml")
+        assert loaded.family == "decoder" and loaded.model.vocab_size == 8000
+        assert loaded.model.variant == name.split("_")[0]
+        assert loaded.data.source == "lm" and loaded.data.lm_side == "en"
+        sizes[name] = configs.param_count(loaded.model)
+    assert sizes["gpt_en_draft"] < sizes["gpt_en_target"] / 5
+    assert sizes["lamda_en_draft"] < sizes["lamda_en_target"] / 5
+    assert 2 * sum(sizes.values()) < 30e6  # bfloat16 exports: the 30 MB budget
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
