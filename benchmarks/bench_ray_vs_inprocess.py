@@ -3,7 +3,8 @@
 Both engines decode the same requests with the same T5 shapes and settings (so the
 same tokens: the script checks it); the ratio of their tokens/s is the cost of
 hosting draft and target in separate Ray actors (two round trips per iteration plus
-the state and one V-vector per row). Usage:
+the state and one V-vector per row), for both draft placements: its own actor
+(``worker``) or inside the coordinator's actor (``coordinator``). Usage:
 
     .venv/bin/python benchmarks/bench_ray_vs_inprocess.py [--records 16] [--gamma 4]
 """
@@ -15,7 +16,7 @@ import time
 
 import numpy as np
 
-from workers.coordinator import RayEngine, ensure_ray
+from workers.coordinator import DRAFT_PLACEMENTS, RayEngine, ensure_ray
 
 ensure_ray(num_cpus=4)  # before JAX starts threads in this process
 
@@ -91,28 +92,29 @@ def main() -> None:
         f"{draft.param_count() / 1e6:.1f}M params, γ={args.gamma}, greedy"
     )
     print(
-        "| batch | in-process tokens/s | Ray tokens/s | Ray / in-process | bytes/iteration "
-        "| same tokens |"
+        "| batch | draft placement | in-process tokens/s | Ray tokens/s | Ray / in-process "
+        "| bytes/iteration | same tokens |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for batch_size in (1, 16):
         settings = DecodeSettings(
             gamma=args.gamma, max_new_tokens=args.max_new_tokens, batch_size=batch_size, eos_id=None
         )
         reqs = requests(args.records if batch_size == 1 else max(args.records, 32), 8000)
         local_tps, local_out = run(InProcessEngine(target, draft, settings), reqs, batch_size)
-        engine = RayEngine(target_spec, draft_spec, settings)
-        try:
-            ray_tps, ray_out = run(engine, reqs, batch_size)
-            traffic = engine.traffic()
-        finally:
-            engine.close()
-        same = [g.tokens for g in local_out] == [g.tokens for g in ray_out]
-        print(
-            f"| {batch_size} | {local_tps:.1f} | {ray_tps:.1f} | {ray_tps / local_tps:.2f} | "
-            f"{traffic['bytes_per_iteration']:.0f} | {same} |",
-            flush=True,
-        )
+        for placement in DRAFT_PLACEMENTS:
+            engine = RayEngine(target_spec, draft_spec, settings, draft_placement=placement)
+            try:
+                ray_tps, ray_out = run(engine, reqs, batch_size)
+                traffic = engine.traffic()
+            finally:
+                engine.close()
+            same = [g.tokens for g in local_out] == [g.tokens for g in ray_out]
+            print(
+                f"| {batch_size} | {placement} | {local_tps:.1f} | {ray_tps:.1f} | "
+                f"{ray_tps / local_tps:.2f} | {traffic['bytes_per_iteration']:.0f} | {same} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -153,6 +153,13 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
     )
     add("--ray-address", default=None, help="join this Ray cluster (default: a local instance)")
     add(
+        "--draft-placement",
+        choices=("coordinator", "worker"),
+        default="coordinator",
+        help="ray: host the draft in the coordinator's actor (one call per iteration) "
+        "or in its own actor (two calls)",
+    )
+    add(
         "--max-new-tokens",
         type=_ranged(int, "--max-new-tokens", low=1),
         default=None,
@@ -201,6 +208,7 @@ def _job(kind_name: str, args: argparse.Namespace) -> int:
         allow_random_init=args.allow_random_init,
         limit=args.limit,
         ray_address=args.ray_address,
+        draft_placement=args.draft_placement,
         tracking_uri=args.tracking_uri,
         summary_json=args.summary_json,
         beam_args=tuple(args.beam_args),

@@ -92,6 +92,7 @@ class JobConfig:
     vocab_path: str  # SentencePiece model
     settings: DecodeSettings
     workers: str = "ray"  # "ray" | "inprocess"
+    draft_placement: str = "coordinator"  # ray: the draft in the coordinator's actor | "worker"
     compare_baseline: bool = False
     max_input_tokens: int = 256
     limit: int | None = None  # read at most this many input records
@@ -201,12 +202,22 @@ def _bound_model(spec):
     return _cached_model(spec, _checkpoint_version(spec))
 
 
-def build_engine(*, target, draft, settings: DecodeSettings, workers: str, ray_address: str | None):
+def build_engine(
+    *,
+    target,
+    draft,
+    settings: DecodeSettings,
+    workers: str,
+    ray_address: str | None,
+    draft_placement: str = "coordinator",
+):
     """An engine (workers.engine interface) over two ModelSpecs."""
     if workers == "ray":
         from workers.coordinator import RayEngine
 
-        return RayEngine(target, draft, settings, address=ray_address)
+        return RayEngine(
+            target, draft, settings, address=ray_address, draft_placement=draft_placement
+        )
     if workers == "inprocess":
         from workers.engine import InProcessEngine
 
@@ -279,6 +290,7 @@ class SpeculativeModelHandler(ModelHandler):
         ray_address: str | None,
         compare_baseline: bool,
         job_id: str,
+        draft_placement: str = "coordinator",
         warmup: bool = True,
         total_records: int = 0,
         progress: bool = True,
@@ -286,6 +298,7 @@ class SpeculativeModelHandler(ModelHandler):
         super().__init__()
         self.target, self.draft, self.settings = target, draft, settings
         self.workers, self.ray_address = workers, ray_address
+        self.draft_placement = draft_placement
         self.compare_baseline, self.job_id, self.warmup = compare_baseline, job_id, warmup
         self.total_records, self.show_progress = total_records, progress
         self._warm: set[tuple] = set()
@@ -298,6 +311,7 @@ class SpeculativeModelHandler(ModelHandler):
             settings=self.settings,
             workers=self.workers,
             ray_address=self.ray_address,
+            draft_placement=self.draft_placement,
         )
         with _ENGINES_LOCK:
             _ENGINES.setdefault(self.job_id, []).append(engine)
@@ -550,6 +564,7 @@ def _run_and_close(records, *, job: JobConfig, job_id: str) -> dict | None:
         settings=job.settings,
         workers=job.workers,
         ray_address=job.ray_address,
+        draft_placement=job.draft_placement,
         compare_baseline=job.compare_baseline,
         job_id=job_id,
         warmup=job.warmup,
@@ -596,6 +611,9 @@ def make_job(
 
     if workers not in ("ray", "inprocess"):
         raise ValueError(f"--workers must be ray or inprocess, got {workers!r}")
+    placement = options.get("draft_placement", "coordinator")
+    if placement not in ("coordinator", "worker"):
+        raise ValueError(f"--draft-placement must be coordinator or worker, got {placement!r}")
     resolved = {
         role: models.resolve_model(
             ref or default, role=role, allow_random_init=allow_random_init, init_seed=init_seed

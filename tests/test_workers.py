@@ -69,8 +69,10 @@ def test_inprocess_greedy_equals_baseline_and_rejects_vocab_mismatch():
         InProcessEngine(engine.target, bound.load_model("d", "t5", other), settings)
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_ray_workers_equal_inprocess(ray_local, temperature):
+@pytest.mark.parametrize(
+    "temperature,placement", [(0.0, "coordinator"), (1.0, "coordinator"), (1.0, "worker")]
+)
+def test_ray_workers_equal_inprocess(ray_local, temperature, placement):
     from workers.coordinator import RayEngine
 
     settings = DecodeSettings(
@@ -86,6 +88,7 @@ def test_ray_workers_equal_inprocess(ray_local, temperature):
         ModelSpec(name="target", family="t5", config=CONFIG, init_seed=0),
         ModelSpec(name="draft", family="t5", config=CONFIG, init_seed=1),
         settings,
+        draft_placement=placement,
     )
     try:
         remote = engine.generate(reqs[:2]) + engine.generate(reqs[2:])
@@ -127,3 +130,11 @@ def test_sparse_rows_round_trip_sends_only_the_support():
     restored = dense_rows((ids, values, offsets), np.array([0, 3]), dense.shape)
     np.testing.assert_array_equal(restored[[0, 3]], dense[[0, 3]])
     assert restored[[1, 2]].sum() == 0
+
+
+def test_unknown_draft_placement_is_named(ray_local):
+    from workers.coordinator import RayEngine
+
+    spec = ModelSpec(name="m", family="t5", config=CONFIG)
+    with pytest.raises(ValueError, match="draft_placement"):
+        RayEngine(spec, spec, DecodeSettings(), draft_placement="elsewhere")

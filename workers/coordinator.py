@@ -30,18 +30,42 @@ from workers.spec import ModelSpec
 
 
 class SpeculativeCoordinator:
-    """Drives draft and target workers (Ray actor handles) for packed batches."""
+    """Drives a target worker (a Ray actor) and a draft for packed batches.
 
-    def __init__(self, draft, target):
+    The draft is either another actor (``draft``) or, with ``draft_spec``, a
+    :class:`~workers.model_worker.ModelWorker` in this actor's own process
+    (co-located): then each iteration is one round trip, to the target, and the
+    draft's recover-and-propose runs here between them.
+    """
+
+    def __init__(self, draft, target, *, draft_spec: ModelSpec | None = None):
         import ray
 
         self._ray = ray
-        self.draft, self.target = draft, target
+        self.target = target
+        self.draft = draft
+        self.local_draft = None
+        if draft_spec is not None:
+            from workers.model_worker import ModelWorker
+
+            self.local_draft = ModelWorker(draft_spec)
+        if (draft is None) == (self.local_draft is None):
+            raise ValueError("give exactly one of a draft actor and draft_spec")
         self.traffic_bytes = 0
         self.iterations = 0
 
+    def draft_info(self) -> dict:
+        if self.local_draft is not None:
+            return self.local_draft.info()
+        return self._ray.get(self.draft.info.remote())
+
+    def _draft_call(self, method: str, payload: bytes, *chained) -> bytes:
+        if self.local_draft is not None:
+            return self.local_draft.call(method, payload, *chained)
+        return self._ray.get(self.draft.call.remote(method, payload, *chained))
+
     def generate(self, batch: PackedBatch, settings: DecodeSettings) -> decoding.DecodeResult:
-        ray, draft, target = self._ray, self.draft, self.target
+        ray, draft, target, local = self._ray, self.draft, self.target, self.local_draft
         batch_id = uuid.uuid4().hex
         start = time.perf_counter()
         state = jax.device_get(
@@ -55,35 +79,49 @@ class SpeculativeCoordinator:
             )
         )
         args = (batch.encoder_tokens, batch.prompt_tokens, batch.prompt_lengths, batch.max_len)
-        ray.get([draft.start.remote(batch_id, *args), target.start.remote(batch_id, *args)])
+        started = [target.start.remote(batch_id, *args)]
+        if local is not None:
+            local.start(batch_id, *args)  # while the target prefills
+        else:
+            started.append(draft.start.remote(batch_id, *args))
+        ray.get(started)
         draft_s = target_s = 0.0
         t0 = time.perf_counter()
-        tokens, token_probs = wire.loads(
-            ray.get(draft.call.remote("propose_first", wire.dumps((batch_id, state, settings))))
-        )
+        first = wire.dumps((batch_id, state, settings))
+        tokens, token_probs = wire.loads(self._draft_call("propose_first", first))
         draft_s += time.perf_counter() - t0
         try:
             while True:
                 t0 = time.perf_counter()
                 to_target = wire.dumps((batch_id, state, tokens, token_probs, settings))
                 to_draft = wire.dumps((batch_id, state, settings))
-                # The draft's call takes the target's result as an ObjectRef: Ray hands
-                # it over when the target is done, with no round trip through here.
                 scored = target.call.remote("score", to_target)
-                committed = draft.call.remote("recover_and_propose", to_draft, scored)
-                ray.wait([scored], fetch_local=False)
-                t1 = time.perf_counter()
-                result = ray.get(committed)
+                if local is not None:
+                    score_blob = ray.get(scored)
+                    t1 = time.perf_counter()
+                    result = local.call("recover_and_propose", to_draft, score_blob)
+                    crossed = len(to_target) + len(score_blob)
+                else:
+                    # The draft's call takes the target's result as an ObjectRef: Ray
+                    # hands it over when the target is done, with no round trip here.
+                    committed = draft.call.remote("recover_and_propose", to_draft, scored)
+                    ray.wait([scored], fetch_local=False)
+                    t1 = time.perf_counter()
+                    result = ray.get(committed)
+                    score_blob = ray.get(scored)
+                    crossed = len(to_target) + len(to_draft) + len(score_blob) + len(result)
                 t2 = time.perf_counter()
-                score_bytes = len(ray.get(scored))
                 state, tokens, token_probs = wire.loads(result)
-                self.traffic_bytes += len(to_target) + len(to_draft) + score_bytes + len(result)
+                self.traffic_bytes += crossed
                 self.iterations += 1
                 target_s, draft_s = target_s + t1 - t0, draft_s + t2 - t1
                 if state.done.all():
                     break
         finally:
-            draft.release.remote(batch_id)
+            if local is not None:
+                local.release(batch_id)
+            else:
+                draft.release.remote(batch_id)
             target.release.remote(batch_id)
         total = time.perf_counter() - start
         return decoding.result_from_state(
@@ -116,6 +154,9 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> No
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Ray starts workers at nice 15; its own daemons and the driver then preempt the
+    # model compute at every wake-up. The workers are this job's work: normal priority.
+    os.environ.setdefault("RAY_worker_niceness", "0")
     kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     if address:
         ray.init(address=address, **kwargs)
@@ -123,8 +164,17 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> No
         ray.init(num_cpus=num_cpus or max(os.cpu_count() or 2, 3), **kwargs)
 
 
+DRAFT_PLACEMENTS = ("worker", "coordinator")
+
+
 class RayEngine:
-    """The engine interface with the draft, the target and the coordinator as Ray actors."""
+    """The engine interface with the target, the draft and the coordinator on Ray.
+
+    ``draft_placement``: ``"worker"`` puts the draft in its own actor (two calls per
+    iteration); ``"coordinator"`` hosts it in the coordinator's actor, placed with the
+    draft's resources (one call per iteration, to the target). Either way the draft
+    and the target are separate processes and give the same tokens.
+    """
 
     def __init__(
         self,
@@ -133,26 +183,37 @@ class RayEngine:
         settings: DecodeSettings,
         *,
         address: str | None = None,
+        draft_placement: str = "coordinator",
     ):
         import ray
 
         from workers.model_worker import ModelWorker
 
+        if draft_placement not in DRAFT_PLACEMENTS:
+            raise ValueError(
+                f"draft_placement must be one of {DRAFT_PLACEMENTS}, got {draft_placement!r}"
+            )
         ensure_ray(address)
         self._ray, self.settings = ray, settings
+        self.draft_placement = draft_placement
+        self.draft = self.coordinator = None
         worker = ray.remote(ModelWorker)
+        coordinator = ray.remote(SpeculativeCoordinator)
         self.target = worker.options(**target.placement.ray_options()).remote(target)
-        self.draft = worker.options(**draft.placement.ray_options()).remote(draft)
-        infos = ray.get([self.target.info.remote(), self.draft.info.remote()])
+        if draft_placement == "worker":
+            self.draft = worker.options(**draft.placement.ray_options()).remote(draft)
+            self.coordinator = coordinator.options(num_cpus=0).remote(self.draft, self.target)
+        else:
+            self.coordinator = coordinator.options(**draft.placement.ray_options()).remote(
+                None, self.target, draft_spec=draft
+            )
+        infos = ray.get([self.target.info.remote(), self.coordinator.draft_info.remote()])
         if infos[0]["vocab_size"] != infos[1]["vocab_size"]:
             self.close()
             raise ValueError(
                 f"draft {draft.name!r} has vocab_size {infos[1]['vocab_size']} but target "
                 f"{target.name!r} has {infos[0]['vocab_size']}: they must share a vocabulary"
             )
-        self.coordinator = (
-            ray.remote(SpeculativeCoordinator).options(num_cpus=0).remote(self.draft, self.target)
-        )
 
     def generate(self, requests: Sequence[Request]) -> list[Generation]:
         batch = pack(requests, self.settings)
