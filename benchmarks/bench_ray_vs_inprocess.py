@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-from workers.coordinator import DRAFT_PLACEMENTS, RayEngine, ensure_ray
+from workers.coordinator import RayEngine, ensure_ray
+from workers.spec import DRAFT_PLACEMENTS
 
 ensure_ray(num_cpus=4)  # before JAX starts threads in this process
 

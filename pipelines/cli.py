@@ -27,6 +27,7 @@ import sys
 import numpy as np
 
 from pipelines.io import PartitionError
+from workers.spec import DEFAULT_DRAFT_PLACEMENT, DRAFT_PLACEMENTS
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -154,8 +155,8 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
     add("--ray-address", default=None, help="join this Ray cluster (default: a local instance)")
     add(
         "--draft-placement",
-        choices=("coordinator", "worker"),
-        default="coordinator",
+        choices=DRAFT_PLACEMENTS,
+        default=DEFAULT_DRAFT_PLACEMENT,
         help="ray: host the draft in the coordinator's actor (one call per iteration) "
         "or in its own actor (two calls)",
     )

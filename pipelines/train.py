@@ -539,8 +539,7 @@ class Trainer:
             params, opt_state, step, meta = restore_train_checkpoint(
                 folder, params_like=params, opt_state_like=opt_state
             )
-            if meta.get("vocab_sha256") not in (None, self.vocab_sha256):
-                raise RuntimeError(f"{folder} was trained with another vocabulary")
+            self.check_vocabulary(meta.get("vocab_sha256"), folder)
             run = RunState(step=step, wall_s=meta.get("wall_s", 0.0), last_eval=meta["eval"])
             print(f"resumed from {folder} (step {step})", flush=True)
         elif resume and (warm := self.exported_state()) is not None:
@@ -553,6 +552,11 @@ class Trainer:
             )
         return params, opt_state, run
 
+    def check_vocabulary(self, recorded_sha256: str | None, where: pathlib.Path) -> None:
+        """A checkpoint's recorded vocabulary hash (None: not recorded) must be ours."""
+        if recorded_sha256 not in (None, self.vocab_sha256):
+            raise RuntimeError(f"{where} was trained with another vocabulary")
+
     def exported_state(self):
         """(float32 params, RunState) of the committed export, or None when there is none.
 
@@ -564,8 +568,7 @@ class Trainer:
         if not info_path.is_file():
             return None
         info = json.loads(info_path.read_text())
-        if info.get("vocab_sha256") not in (None, self.vocab_sha256):
-            raise RuntimeError(f"{self.file.export_dir} was trained with another vocabulary")
+        self.check_vocabulary(info.get("vocab_sha256"), self.file.export_dir)
         try:
             params = load_model_params(self.file, self.file.export_dir)
         except checkpoints.CheckpointError as error:

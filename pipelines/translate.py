@@ -43,6 +43,7 @@ from apache_beam.ml.inference.base import ModelHandler, RunInference
 from pipelines import io, job_report
 from pipelines.models import ResolvedModel
 from workers.batching import DecodeSettings, Generation, Request, pack
+from workers.spec import DEFAULT_DRAFT_PLACEMENT, DRAFT_PLACEMENTS
 
 DEAD = "dead"  # tag of the dead-letter outputs
 LENGTH_BUCKET = 16  # encoder tokens per length bucket (= workers.batching's padding)
@@ -92,7 +93,7 @@ class JobConfig:
     vocab_path: str  # SentencePiece model
     settings: DecodeSettings
     workers: str = "ray"  # "ray" | "inprocess"
-    draft_placement: str = "coordinator"  # ray: the draft in the coordinator's actor | "worker"
+    draft_placement: str = DEFAULT_DRAFT_PLACEMENT  # ray: workers.spec.DRAFT_PLACEMENTS
     compare_baseline: bool = False
     max_input_tokens: int = 256
     limit: int | None = None  # read at most this many input records
@@ -209,7 +210,7 @@ def build_engine(
     settings: DecodeSettings,
     workers: str,
     ray_address: str | None,
-    draft_placement: str = "coordinator",
+    draft_placement: str = DEFAULT_DRAFT_PLACEMENT,
 ):
     """An engine (workers.engine interface) over two ModelSpecs."""
     if workers == "ray":
@@ -290,7 +291,7 @@ class SpeculativeModelHandler(ModelHandler):
         ray_address: str | None,
         compare_baseline: bool,
         job_id: str,
-        draft_placement: str = "coordinator",
+        draft_placement: str = DEFAULT_DRAFT_PLACEMENT,
         warmup: bool = True,
         total_records: int = 0,
         progress: bool = True,
@@ -611,9 +612,9 @@ def make_job(
 
     if workers not in ("ray", "inprocess"):
         raise ValueError(f"--workers must be ray or inprocess, got {workers!r}")
-    placement = options.get("draft_placement", "coordinator")
-    if placement not in ("coordinator", "worker"):
-        raise ValueError(f"--draft-placement must be coordinator or worker, got {placement!r}")
+    placement = options.get("draft_placement", DEFAULT_DRAFT_PLACEMENT)
+    if placement not in DRAFT_PLACEMENTS:
+        raise ValueError(f"--draft-placement must be one of {DRAFT_PLACEMENTS}, got {placement!r}")
     resolved = {
         role: models.resolve_model(
             ref or default, role=role, allow_random_init=allow_random_init, init_seed=init_seed

@@ -50,21 +50,31 @@ def prompts(processor):
     return np.asarray([[0, *ids[:PROMPT_PIECES]] for ids in pieces], np.int32)
 
 
-def _speculative(target, draft_forward, draft_cache, prompts, sampling_config=GREEDY):
+def _decode_args(target, prompts) -> dict:
+    """The arguments both decoding loops share: the target, its cache, the prompts."""
     rows, width = prompts.shape
-    max_len = width + MAX_NEW + GAMMA + 2
-    return decoding.speculative_generate(
+    return dict(
         target=target.forward,
-        target_cache=target.new_cache(None, rows, max_len),
-        draft=draft_forward,
-        draft_cache=draft_cache,
+        target_cache=target.new_cache(None, rows, _max_len(prompts)),
         prompt_tokens=prompts,
         prompt_lengths=np.full((rows,), width, np.int32),
         request_ids=np.arange(rows),
         max_new_tokens=MAX_NEW,
+        eos_id=EOS_ID,
+    )
+
+
+def _max_len(prompts) -> int:
+    return prompts.shape[1] + MAX_NEW + GAMMA + 2
+
+
+def _speculative(target, draft_forward, draft_cache, prompts, sampling_config=GREEDY):
+    return decoding.speculative_generate(
+        **_decode_args(target, prompts),
+        draft=draft_forward,
+        draft_cache=draft_cache,
         gamma=GAMMA,
         sampling_config=sampling_config,
-        eos_id=EOS_ID,
     )
 
 
@@ -76,17 +86,9 @@ def _acceptance(result) -> float:
 @pytest.mark.parametrize("target_name,draft_name", PAIRS)
 def test_committed_pair_is_exact_and_beats_a_bigram(target_name, draft_name, prompts, processor):
     target, draft = _model(target_name, "target"), _model(draft_name, "draft")
-    rows, width = prompts.shape
-    max_len = width + MAX_NEW + GAMMA + 2
+    rows, max_len = prompts.shape[0], _max_len(prompts)
     baseline = decoding.autoregressive_generate(
-        target=target.forward,
-        target_cache=target.new_cache(None, rows, max_len),
-        prompt_tokens=prompts,
-        prompt_lengths=np.full((rows,), width, np.int32),
-        request_ids=np.arange(rows),
-        max_new_tokens=MAX_NEW,
-        sampling_config=GREEDY,
-        eos_id=EOS_ID,
+        **_decode_args(target, prompts), sampling_config=GREEDY
     )
     speculative = _speculative(target, draft.forward, draft.new_cache(None, rows, max_len), prompts)
     np.testing.assert_array_equal(speculative.lengths, baseline.lengths)

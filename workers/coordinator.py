@@ -26,7 +26,7 @@ import jax
 from specdec_core import decoding
 from workers import wire
 from workers.batching import DecodeSettings, Generation, PackedBatch, Request, pack, unpack
-from workers.spec import ModelSpec
+from workers.spec import DEFAULT_DRAFT_PLACEMENT, DRAFT_PLACEMENTS, ModelSpec
 
 
 class SpeculativeCoordinator:
@@ -59,10 +59,11 @@ class SpeculativeCoordinator:
             return self.local_draft.info()
         return self._ray.get(self.draft.info.remote())
 
-    def _draft_call(self, method: str, payload: bytes, *chained) -> bytes:
+    def _draft_call(self, method: str, *args):
+        """A draft method: called directly when co-located, else as a wire call."""
         if self.local_draft is not None:
-            return self.local_draft.call(method, payload, *chained)
-        return self._ray.get(self.draft.call.remote(method, payload, *chained))
+            return getattr(self.local_draft, method)(*args)
+        return wire.loads(self._ray.get(self.draft.call.remote(method, wire.dumps(args))))
 
     def generate(self, batch: PackedBatch, settings: DecodeSettings) -> decoding.DecodeResult:
         ray, draft, target, local = self._ray, self.draft, self.target, self.local_draft
@@ -87,31 +88,32 @@ class SpeculativeCoordinator:
         ray.get(started)
         draft_s = target_s = 0.0
         t0 = time.perf_counter()
-        first = wire.dumps((batch_id, state, settings))
-        tokens, token_probs = wire.loads(self._draft_call("propose_first", first))
+        tokens, token_probs = self._draft_call("propose_first", batch_id, state, settings)
         draft_s += time.perf_counter() - t0
         try:
             while True:
                 t0 = time.perf_counter()
                 to_target = wire.dumps((batch_id, state, tokens, token_probs, settings))
-                to_draft = wire.dumps((batch_id, state, settings))
                 scored = target.call.remote("score", to_target)
                 if local is not None:
                     score_blob = ray.get(scored)
                     t1 = time.perf_counter()
-                    result = local.call("recover_and_propose", to_draft, score_blob)
+                    state, tokens, token_probs = local.recover_and_propose(
+                        batch_id, state, settings, *wire.loads(score_blob)
+                    )
                     crossed = len(to_target) + len(score_blob)
                 else:
                     # The draft's call takes the target's result as an ObjectRef: Ray
                     # hands it over when the target is done, with no round trip here.
+                    to_draft = wire.dumps((batch_id, state, settings))
                     committed = draft.call.remote("recover_and_propose", to_draft, scored)
                     ray.wait([scored], fetch_local=False)
                     t1 = time.perf_counter()
                     result = ray.get(committed)
                     score_blob = ray.get(scored)
                     crossed = len(to_target) + len(to_draft) + len(score_blob) + len(result)
+                    state, tokens, token_probs = wire.loads(result)
                 t2 = time.perf_counter()
-                state, tokens, token_probs = wire.loads(result)
                 self.traffic_bytes += crossed
                 self.iterations += 1
                 target_s, draft_s = target_s + t1 - t0, draft_s + t2 - t1
@@ -164,9 +166,6 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> No
         ray.init(num_cpus=num_cpus or max(os.cpu_count() or 2, 3), **kwargs)
 
 
-DRAFT_PLACEMENTS = ("worker", "coordinator")
-
-
 class RayEngine:
     """The engine interface with the target, the draft and the coordinator on Ray.
 
@@ -183,7 +182,7 @@ class RayEngine:
         settings: DecodeSettings,
         *,
         address: str | None = None,
-        draft_placement: str = "coordinator",
+        draft_placement: str = DEFAULT_DRAFT_PLACEMENT,
     ):
         import ray
 

@@ -5,6 +5,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+# Where a Ray job hosts the draft: in the coordinator's actor (one call per iteration)
+# or in an actor of its own (two calls). workers.coordinator.RayEngine reads it.
+DRAFT_PLACEMENTS = ("worker", "coordinator")
+DEFAULT_DRAFT_PLACEMENT = "coordinator"
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Placement:
