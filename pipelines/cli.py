@@ -27,7 +27,7 @@ import sys
 import numpy as np
 
 from pipelines.io import PartitionError
-from workers.spec import DEFAULT_DRAFT_PLACEMENT, DRAFT_PLACEMENTS
+from workers.spec import DEFAULT_DRAFT_PLACEMENT, DEFAULT_TRANSPORT, DRAFT_PLACEMENTS, TRANSPORTS
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -161,6 +161,13 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
         "or in its own actor (two calls)",
     )
     add(
+        "--transport",
+        choices=TRANSPORTS,
+        default=DEFAULT_TRANSPORT,
+        help="ray: the loop's per-iteration calls over a direct socket to each worker, "
+        "or as Ray actor calls",
+    )
+    add(
         "--max-new-tokens",
         type=_ranged(int, "--max-new-tokens", low=1),
         default=None,
@@ -210,6 +217,7 @@ def _job(kind_name: str, args: argparse.Namespace) -> int:
         limit=args.limit,
         ray_address=args.ray_address,
         draft_placement=args.draft_placement,
+        transport=args.transport,
         tracking_uri=args.tracking_uri,
         summary_json=args.summary_json,
         beam_args=tuple(args.beam_args),

@@ -154,6 +154,7 @@ def job_params(job: JobConfig) -> dict[str, Any]:
         "dataset": job.input,
         "workers": job.workers,
         "draft_placement": job.draft_placement if job.workers == "ray" else None,
+        "transport": job.transport if job.workers == "ray" else None,
         "gamma": job.settings.gamma,
         "temperature": sampling.temperature,
         "top_k": sampling.top_k,

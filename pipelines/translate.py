@@ -43,7 +43,7 @@ from apache_beam.ml.inference.base import ModelHandler, RunInference
 from pipelines import io, job_report
 from pipelines.models import ResolvedModel
 from workers.batching import DecodeSettings, Generation, Request, pack
-from workers.spec import DEFAULT_DRAFT_PLACEMENT, DRAFT_PLACEMENTS
+from workers.spec import DEFAULT_DRAFT_PLACEMENT, DEFAULT_TRANSPORT, DRAFT_PLACEMENTS, TRANSPORTS
 
 DEAD = "dead"  # tag of the dead-letter outputs
 LENGTH_BUCKET = 16  # encoder tokens per length bucket (= workers.batching's padding)
@@ -94,6 +94,7 @@ class JobConfig:
     settings: DecodeSettings
     workers: str = "ray"  # "ray" | "inprocess"
     draft_placement: str = DEFAULT_DRAFT_PLACEMENT  # ray: workers.spec.DRAFT_PLACEMENTS
+    transport: str = DEFAULT_TRANSPORT  # ray: workers.spec.TRANSPORTS
     compare_baseline: bool = False
     max_input_tokens: int = 256
     limit: int | None = None  # read at most this many input records
@@ -211,13 +212,19 @@ def build_engine(
     workers: str,
     ray_address: str | None,
     draft_placement: str = DEFAULT_DRAFT_PLACEMENT,
+    transport: str = DEFAULT_TRANSPORT,
 ):
     """An engine (workers.engine interface) over two ModelSpecs."""
     if workers == "ray":
         from workers.coordinator import RayEngine
 
         return RayEngine(
-            target, draft, settings, address=ray_address, draft_placement=draft_placement
+            target,
+            draft,
+            settings,
+            address=ray_address,
+            draft_placement=draft_placement,
+            transport=transport,
         )
     if workers == "inprocess":
         from workers.engine import InProcessEngine
@@ -292,6 +299,7 @@ class SpeculativeModelHandler(ModelHandler):
         compare_baseline: bool,
         job_id: str,
         draft_placement: str = DEFAULT_DRAFT_PLACEMENT,
+        transport: str = DEFAULT_TRANSPORT,
         warmup: bool = True,
         total_records: int = 0,
         progress: bool = True,
@@ -299,7 +307,7 @@ class SpeculativeModelHandler(ModelHandler):
         super().__init__()
         self.target, self.draft, self.settings = target, draft, settings
         self.workers, self.ray_address = workers, ray_address
-        self.draft_placement = draft_placement
+        self.draft_placement, self.transport = draft_placement, transport
         self.compare_baseline, self.job_id, self.warmup = compare_baseline, job_id, warmup
         self.total_records, self.show_progress = total_records, progress
         self._warm: set[tuple] = set()
@@ -313,6 +321,7 @@ class SpeculativeModelHandler(ModelHandler):
             workers=self.workers,
             ray_address=self.ray_address,
             draft_placement=self.draft_placement,
+            transport=self.transport,
         )
         with _ENGINES_LOCK:
             _ENGINES.setdefault(self.job_id, []).append(engine)
@@ -566,6 +575,7 @@ def _run_and_close(records, *, job: JobConfig, job_id: str) -> dict | None:
         workers=job.workers,
         ray_address=job.ray_address,
         draft_placement=job.draft_placement,
+        transport=job.transport,
         compare_baseline=job.compare_baseline,
         job_id=job_id,
         warmup=job.warmup,
@@ -615,6 +625,9 @@ def make_job(
     placement = options.get("draft_placement", DEFAULT_DRAFT_PLACEMENT)
     if placement not in DRAFT_PLACEMENTS:
         raise ValueError(f"--draft-placement must be one of {DRAFT_PLACEMENTS}, got {placement!r}")
+    transport = options.get("transport", DEFAULT_TRANSPORT)
+    if transport not in TRANSPORTS:
+        raise ValueError(f"--transport must be one of {TRANSPORTS}, got {transport!r}")
     resolved = {
         role: models.resolve_model(
             ref or default, role=role, allow_random_init=allow_random_init, init_seed=init_seed

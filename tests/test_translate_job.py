@@ -445,6 +445,7 @@ def test_vocabulary_mismatch_is_named(workdir, capsys):
         ("--top-p", "1.5", "argument --top-p: --top-p must be <= 1.0, got 1.5"),
         ("--temperature", "hot", "argument --temperature: --temperature must be float, got 'hot'"),
         ("--workers", "gpu", "argument --workers: invalid choice: 'gpu'"),
+        ("--transport", "pigeon", "argument --transport: invalid choice: 'pigeon'"),
     ],
 )
 def test_bad_flag_values_exit_2_with_the_flag_named(workdir, capsys, flag, value, message):

@@ -1,5 +1,7 @@
 """Engines: packing, in-process vs Ray workers (same tokens), traffic per iteration."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -70,9 +72,16 @@ def test_inprocess_greedy_equals_baseline_and_rejects_vocab_mismatch():
 
 
 @pytest.mark.parametrize(
-    "temperature,placement", [(0.0, "coordinator"), (1.0, "coordinator"), (1.0, "worker")]
+    "temperature,placement,transport",
+    [
+        (0.0, "coordinator", "socket"),
+        (1.0, "coordinator", "socket"),
+        (1.0, "worker", "socket"),
+        (0.0, "coordinator", "ray"),
+        (1.0, "worker", "ray"),
+    ],
 )
-def test_ray_workers_equal_inprocess(ray_local, temperature, placement):
+def test_ray_workers_equal_inprocess(ray_local, temperature, placement, transport):
     from workers.coordinator import RayEngine
 
     settings = DecodeSettings(
@@ -89,7 +98,9 @@ def test_ray_workers_equal_inprocess(ray_local, temperature, placement):
         ModelSpec(name="draft", family="t5", config=CONFIG, init_seed=1),
         settings,
         draft_placement=placement,
+        transport=transport,
     )
+    assert engine.transport == transport  # the direct channel connected (no fallback)
     try:
         remote = engine.generate(reqs[:2]) + engine.generate(reqs[2:])
         remote_base = engine.generate_baseline(reqs[:2])
@@ -132,9 +143,36 @@ def test_sparse_rows_round_trip_sends_only_the_support():
     assert restored[[1, 2]].sum() == 0
 
 
-def test_unknown_draft_placement_is_named(ray_local):
+def test_unknown_draft_placement_and_transport_are_named(ray_local):
     from workers.coordinator import RayEngine
 
     spec = ModelSpec(name="m", family="t5", config=CONFIG)
     with pytest.raises(ValueError, match="draft_placement"):
         RayEngine(spec, spec, DecodeSettings(), draft_placement="elsewhere")
+    with pytest.raises(ValueError, match="transport"):
+        RayEngine(spec, spec, DecodeSettings(), transport="pigeon")
+
+
+def test_killed_target_worker_is_a_clear_error_not_a_hang(ray_local):
+    """A dead target fails the next batch at once with a clear error: Ray's own when the
+    batch's first (Ray) call finds it dead, ChannelClosed when it dies mid-loop (the
+    socket closes with the process; tests/test_channel.py covers that path)."""
+    import ray
+
+    from workers.channel import ChannelClosed
+    from workers.coordinator import RayEngine
+
+    settings = DecodeSettings(gamma=3, max_new_tokens=12, batch_size=1)
+    engine = RayEngine(
+        ModelSpec(name="target", family="t5", config=CONFIG, init_seed=0),
+        ModelSpec(name="draft", family="t5", config=CONFIG, init_seed=1),
+        settings,
+    )
+    try:
+        assert engine.generate(_requests(1))[0].tokens
+        ray.kill(engine.target)
+        with pytest.raises((ChannelClosed, ray.exceptions.RayActorError)) as failure:
+            engine.generate(_requests(1, offset=3))
+        assert re.search(r"target worker went away|actor is dead", str(failure.value))
+    finally:
+        engine.close()

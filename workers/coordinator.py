@@ -17,6 +17,7 @@ engine interface of :mod:`workers.engine`.
 from __future__ import annotations
 
 import os
+import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -26,7 +27,14 @@ import jax
 from specdec_core import decoding
 from workers import wire
 from workers.batching import DecodeSettings, Generation, PackedBatch, Request, pack, unpack
-from workers.spec import DEFAULT_DRAFT_PLACEMENT, DRAFT_PLACEMENTS, ModelSpec
+from workers.channel import ChannelClient, ChannelClosed
+from workers.spec import (
+    DEFAULT_DRAFT_PLACEMENT,
+    DEFAULT_TRANSPORT,
+    DRAFT_PLACEMENTS,
+    TRANSPORTS,
+    ModelSpec,
+)
 
 
 class SpeculativeCoordinator:
@@ -38,9 +46,18 @@ class SpeculativeCoordinator:
     draft's recover-and-propose runs here between them.
     """
 
-    def __init__(self, draft, target, *, draft_spec: ModelSpec | None = None):
+    def __init__(
+        self,
+        draft,
+        target,
+        *,
+        draft_spec: ModelSpec | None = None,
+        transport: str = DEFAULT_TRANSPORT,
+    ):
         import ray
 
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         self._ray = ray
         self.target = target
         self.draft = draft
@@ -53,17 +70,83 @@ class SpeculativeCoordinator:
             raise ValueError("give exactly one of a draft actor and draft_spec")
         self.traffic_bytes = 0
         self.iterations = 0
+        self.transport = transport
+        self._target_channel = self._draft_channel = None
+        if transport == "socket":
+            self._open_channels()
+
+    def _open_channels(self) -> None:
+        """Connects to each remote worker's channel; falls back to Ray calls if one fails."""
+        ray = self._ray
+        remote = (
+            {"target": self.target}
+            if self.draft is None
+            else {"target": self.target, "draft": self.draft}
+        )
+        try:
+            addresses = ray.get([actor.open_channel.remote() for actor in remote.values()])
+            clients = {
+                role: ChannelClient(address, name=f"{role} worker")
+                for role, address in zip(remote, addresses, strict=True)
+            }
+        except (ChannelClosed, OSError) as error:
+            print(
+                f"specdec: no direct channel to the workers ({error}); the loop's calls "
+                "go through Ray instead (slower per iteration)",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.transport = "ray"
+            return
+        self._target_channel = clients["target"]
+        self._draft_channel = clients.get("draft")
 
     def draft_info(self) -> dict:
         if self.local_draft is not None:
-            return self.local_draft.info()
-        return self._ray.get(self.draft.info.remote())
+            info = self.local_draft.info()
+        else:
+            info = self._ray.get(self.draft.info.remote())
+        return {**info, "transport": self.transport}
 
     def _draft_call(self, method: str, *args):
         """A draft method: called directly when co-located, else as a wire call."""
         if self.local_draft is not None:
             return getattr(self.local_draft, method)(*args)
+        if self._draft_channel is not None:
+            return wire.loads(self._draft_channel.call(method, wire.dumps(args)))
         return wire.loads(self._ray.get(self.draft.call.remote(method, wire.dumps(args))))
+
+    def _iterate(self, batch_id, state, tokens, token_probs, settings):
+        """One iteration: (committed state, next tokens, their q, bytes, target seconds)."""
+        ray, draft, target, local = self._ray, self.draft, self.target, self.local_draft
+        t0 = time.perf_counter()
+        to_target = wire.dumps((batch_id, state, tokens, token_probs, settings))
+        if self._target_channel is not None:
+            score_blob = self._target_channel.call("score", to_target)
+        elif local is not None:
+            score_blob = ray.get(target.call.remote("score", to_target))
+        else:
+            # The draft's call takes the target's result as an ObjectRef: Ray hands it
+            # over when the target is done, with no round trip here.
+            scored = target.call.remote("score", to_target)
+            to_draft = wire.dumps((batch_id, state, settings))
+            committed = draft.call.remote("recover_and_propose", to_draft, scored)
+            ray.wait([scored], fetch_local=False)
+            t1 = time.perf_counter()
+            result, score_blob = ray.get(committed), ray.get(scored)
+            crossed = len(to_target) + len(to_draft) + len(score_blob) + len(result)
+            return (*wire.loads(result), crossed, t1 - t0)
+        t1 = time.perf_counter()
+        crossed = len(to_target) + len(score_blob)
+        if local is not None:
+            committed = local.recover_and_propose(
+                batch_id, state, settings, *wire.loads(score_blob)
+            )
+            return (*committed, crossed, t1 - t0)
+        to_draft = wire.dumps((batch_id, state, settings))
+        result = self._draft_channel.call("recover_and_propose", to_draft, score_blob)
+        crossed += len(to_draft) + len(score_blob) + len(result)
+        return (*wire.loads(result), crossed, t1 - t0)
 
     def generate(self, batch: PackedBatch, settings: DecodeSettings) -> decoding.DecodeResult:
         ray, draft, target, local = self._ray, self.draft, self.target, self.local_draft
@@ -93,30 +176,13 @@ class SpeculativeCoordinator:
         try:
             while True:
                 t0 = time.perf_counter()
-                to_target = wire.dumps((batch_id, state, tokens, token_probs, settings))
-                scored = target.call.remote("score", to_target)
-                if local is not None:
-                    score_blob = ray.get(scored)
-                    t1 = time.perf_counter()
-                    state, tokens, token_probs = local.recover_and_propose(
-                        batch_id, state, settings, *wire.loads(score_blob)
-                    )
-                    crossed = len(to_target) + len(score_blob)
-                else:
-                    # The draft's call takes the target's result as an ObjectRef: Ray
-                    # hands it over when the target is done, with no round trip here.
-                    to_draft = wire.dumps((batch_id, state, settings))
-                    committed = draft.call.remote("recover_and_propose", to_draft, scored)
-                    ray.wait([scored], fetch_local=False)
-                    t1 = time.perf_counter()
-                    result = ray.get(committed)
-                    score_blob = ray.get(scored)
-                    crossed = len(to_target) + len(to_draft) + len(score_blob) + len(result)
-                    state, tokens, token_probs = wire.loads(result)
-                t2 = time.perf_counter()
+                state, tokens, token_probs, crossed, score_s = self._iterate(
+                    batch_id, state, tokens, token_probs, settings
+                )
                 self.traffic_bytes += crossed
                 self.iterations += 1
-                target_s, draft_s = target_s + t1 - t0, draft_s + t2 - t1
+                target_s += score_s
+                draft_s += time.perf_counter() - t0 - score_s
                 if state.done.all():
                     break
         finally:
@@ -173,6 +239,9 @@ class RayEngine:
     iteration); ``"coordinator"`` hosts it in the coordinator's actor, placed with the
     draft's resources (one call per iteration, to the target). Either way the draft
     and the target are separate processes and give the same tokens.
+    ``transport``: ``"socket"`` sends the loop's per-iteration calls over a direct
+    channel to each remote worker (:mod:`workers.channel`; Ray if it cannot connect),
+    ``"ray"`` as Ray actor calls. Same tokens either way.
     """
 
     def __init__(
@@ -183,6 +252,7 @@ class RayEngine:
         *,
         address: str | None = None,
         draft_placement: str = DEFAULT_DRAFT_PLACEMENT,
+        transport: str = DEFAULT_TRANSPORT,
     ):
         import ray
 
@@ -192,6 +262,8 @@ class RayEngine:
             raise ValueError(
                 f"draft_placement must be one of {DRAFT_PLACEMENTS}, got {draft_placement!r}"
             )
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         ensure_ray(address)
         self._ray, self.settings = ray, settings
         self.draft_placement = draft_placement
@@ -201,12 +273,15 @@ class RayEngine:
         self.target = worker.options(**target.placement.ray_options()).remote(target)
         if draft_placement == "worker":
             self.draft = worker.options(**draft.placement.ray_options()).remote(draft)
-            self.coordinator = coordinator.options(num_cpus=0).remote(self.draft, self.target)
+            self.coordinator = coordinator.options(num_cpus=0).remote(
+                self.draft, self.target, transport=transport
+            )
         else:
             self.coordinator = coordinator.options(**draft.placement.ray_options()).remote(
-                None, self.target, draft_spec=draft
+                None, self.target, draft_spec=draft, transport=transport
             )
         infos = ray.get([self.target.info.remote(), self.coordinator.draft_info.remote()])
+        self.transport = infos[1]["transport"]  # "ray" if the channel could not connect
         if infos[0]["vocab_size"] != infos[1]["vocab_size"]:
             self.close()
             raise ValueError(

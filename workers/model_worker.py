@@ -16,8 +16,10 @@ Caches' lengths derive from the state the coordinator sends, so calls carry no
 hidden position and a restarted worker only needs the committed tokens again.
 The class is plain Python; ``workers.coordinator`` wraps it with ``ray.remote``.
 
-Over Ray, the per-iteration calls go through :meth:`ModelWorker.call`: arguments and
-results travel as one pickled ``bytes`` value each way (:mod:`workers.wire`). Ray
+The per-iteration calls go through :meth:`ModelWorker.call`, over the worker's direct
+channel (:meth:`ModelWorker.open_channel`, :mod:`workers.channel`) or as Ray actor
+calls: arguments and results travel as one pickled ``bytes`` value each way
+(:mod:`workers.wire`). Ray
 ships every numpy array as its own out-of-band buffer, which for a dozen tiny arrays
 costs more than the call itself on a small machine; one in-band blob costs about
 what an empty call does.
@@ -144,6 +146,19 @@ class ModelWorker:
         )
         self._caches: dict[str, Any] = {}
         self._proposals: dict[str, tuple[jax.Array, jax.Array]] = {}  # tokens, full q
+        self._channel = None
+
+    def open_channel(self) -> tuple[str, int]:
+        """Starts (once) the direct channel for the loop's calls; returns its address.
+
+        The channel serves :meth:`call` (:mod:`workers.channel`); Ray still carries
+        start, release and the rest.
+        """
+        if self._channel is None:
+            from workers.channel import ChannelServer
+
+            self._channel = ChannelServer(self.call)
+        return self._channel.address
 
     def info(self) -> dict:
         return {

@@ -9,6 +9,10 @@ from typing import Any
 # or in an actor of its own (two calls). workers.coordinator.RayEngine reads it.
 DRAFT_PLACEMENTS = ("worker", "coordinator")
 DEFAULT_DRAFT_PLACEMENT = "coordinator"
+# How the loop's per-iteration calls travel: a direct TCP channel from the coordinator
+# to each worker's process (workers.channel), or Ray actor calls.
+TRANSPORTS = ("socket", "ray")
+DEFAULT_TRANSPORT = "socket"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
