@@ -1,0 +1,379 @@
+"""The embedded En→De pair (issue 4): α, c, best γ and in-process speedups, with the
+cost model's prediction beside every measured figure (the paper's Table 2 in miniature).
+
+For the target and each draft, on the first N full sentences of the Ding test split
+(`translate English to German: {en}` + EOS):
+
+- **BLEU** (sacrebleu) of the target's greedy translations, with samples;
+- **α** at T=0 and T=1: E[β] along the target's own trajectories (β = Σ min(p, q) at
+  every generated position; a bootstrap CI over sentences), the study's measurement;
+- **costs**: one target call on k = 1..γ+1 tokens and one draft step, timed on a real
+  prefilled cache at batch 1 and 8; c = draft step / target step at k=1;
+- **predicted speedup** for each γ from α and those costs
+  (``specdec_core.theory.predicted_speedup``: γ draft steps + one target call on γ+1
+  tokens per iteration, E[tokens] = (1 − α^(γ+1))/(1 − α)), and the best γ;
+- **measured speedup**: tokens/s of in-process speculative decoding over tokens/s of
+  the same target decoding alone, on the same sentences in the same run, passes
+  interleaved round by round (median over rounds), at batch 1 for every γ and at
+  batch 8 for each draft's best measured γ.
+
+Usage (the numbers in BENCHMARKS.md §6 came from the default):
+
+    .venv/bin/python benchmarks/bench_ende_speedup.py [--sentences 24] [--rounds 2]
+        [--target ende_target] [--drafts ende_draft_small,ende_draft_base]
+        [--gammas 1,2,3,5] [--json runs/bench/ende_speedup.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import pathlib
+import re
+import time
+
+import jax
+import numpy as np
+
+from pipelines import models, study
+from specdec_core import theory
+from specdec_core.models.bound import load_model
+from specdec_core.sampling import SamplingConfig
+from workers.batching import DecodeSettings, Request
+from workers.engine import InProcessEngine
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PREFIX = "translate English to German: "
+EOS = 1
+SENTENCE_END = re.compile(r"[.!?][\"')\]]*$")
+TEMPERATURES = (0.0, 1.0)
+
+
+def full_sentences(count: int) -> list[tuple[str, str]]:
+    """The first ``count`` full sentences (both sides end in . ! ?) of the test split."""
+    path = REPO / "assets/data/ding/test.tsv"
+    out = []
+    with path.open(encoding="utf-8") as handle:
+        for row in csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE):
+            if len(row) == 2 and all(SENTENCE_END.search(side) for side in row):
+                out.append((row[0], row[1]))
+            if len(out) == count:
+                break
+    return out
+
+
+def load(name: str, role: str):
+    resolved = models.resolve_model(name, role=role)
+    spec = resolved.spec
+    return load_model(
+        spec.name, spec.family, spec.config, checkpoint=spec.checkpoint, init_seed=spec.init_seed
+    ), resolved
+
+
+def study_model(bound) -> study.StudyModel:
+    return study.StudyModel(
+        name=bound.name,
+        family=bound.family,
+        vocab_size=bound.vocab_size,
+        forward=bound.forward,
+        new_cache=bound.new_cache,
+        param_count=bound.param_count(),
+        params=bound.params,
+    )
+
+
+def encode(processor, sentences) -> list[tuple[int, ...]]:
+    return [(*processor.encode(PREFIX + en), EOS) for en, _ in sentences]
+
+
+def padded(encoded, width_multiple: int = 16) -> np.ndarray:
+    width = -(-max(map(len, encoded)) // width_multiple) * width_multiple
+    out = np.zeros((len(encoded), width), np.int32)
+    for row, ids in enumerate(encoded):
+        out[row, : len(ids)] = ids
+    return out
+
+
+def alpha_per_draft(target, drafts, encoded, *, temperature, max_new, seed, batch=8) -> list:
+    """[(α, low, high)] per draft, β along the target's trajectories (study functions)."""
+    sampling = SamplingConfig(temperature=temperature)
+    settings = study.MeasureSettings(
+        sampling=sampling,
+        gammas=(),
+        max_new_tokens=max_new,
+        seed=seed,
+        eos_id=EOS,
+        measure_cost=False,
+    )
+    sums = [[] for _ in drafts]
+    counts = [[] for _ in drafts]
+    for start in range(0, len(encoded), batch):
+        rows = encoded[start : start + batch]
+        real = np.arange(batch) < len(rows)
+        rows = rows + [rows[0]] * (batch - len(rows))
+        prompt_batch = study.PromptBatch(
+            ids=np.arange(start, start + batch),
+            prompt_tokens=np.zeros((batch, 1), np.int32),
+            encoder_tokens=padded(rows),
+            max_new=np.where(real, max_new, 0).astype(np.int32),
+            real=real,
+        )
+        tokens, lengths = study.target_trajectories(target, prompt_batch, settings)
+        betas = study.betas_along(target, drafts, prompt_batch, tokens, lengths, settings)
+        for i, beta in enumerate(betas):
+            beta = beta[real]
+            sums[i] += np.nansum(beta, 1).tolist()
+            counts[i] += np.isfinite(beta).sum(1).tolist()
+    return [
+        study.ratio_with_ci(s, c, confidence=0.95, resamples=1000, seed=seed)
+        for s, c in zip(sums, counts, strict=True)
+    ]
+
+
+def _median_time(fn, repeats: int = 7) -> float:
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def step_costs(target, draft, encoded, *, batch: int, max_k: int) -> theory.StepCosts:
+    """Target call times for k = 1..max_k tokens and one draft step, on prefilled caches."""
+    encoder = padded((encoded * batch)[:batch])
+    prompt = np.zeros((batch, 1), np.int32)
+
+    def timer(model, k):
+        step = jax.jit(model.forward)
+        cache = model.new_cache(encoder, batch, 8 + max_k)
+        _, cache = step(cache, prompt)  # the start token, as a decode would
+        tokens = np.full((batch, k), 5, np.int32)
+        return _median_time(lambda: step(cache, tokens)[0])
+
+    return theory.StepCosts(
+        target_s={k: timer(target, k) for k in range(1, max_k + 1)},
+        draft_step_s=timer(draft, 1),
+    )
+
+
+def passes(engines: dict, requests, batch: int, rounds: int) -> dict:
+    """tokens/s per engine key, per round (passes interleaved), and the last outputs."""
+
+    def one(engine, baseline):
+        out = []
+        for i in range(0, len(requests), batch):
+            chunk = requests[i : i + batch]
+            out += engine.generate_baseline(chunk) if baseline else engine.generate(chunk)
+        return out
+
+    for (_, baseline), engine in engines.items():
+        one(engine, baseline)  # compile every shape
+    rates = {key: [] for key in engines}
+    outputs = {}
+    for _ in range(rounds):
+        for key, engine in engines.items():
+            start = time.perf_counter()
+            outputs[key] = one(engine, key[1])
+            rates[key].append(
+                sum(len(g.tokens) for g in outputs[key]) / (time.perf_counter() - start)
+            )
+    return {"rates": rates, "outputs": outputs}
+
+
+def measure(target, draft, requests, *, temperature, gammas, batch, rounds, max_new, seed):
+    """{γ: (median speedup, per-round speedups, tokens/iteration)} and baseline outputs."""
+    sampling = SamplingConfig(temperature=temperature)
+    engines = {}
+    for gamma in (*gammas, None):
+        settings = DecodeSettings(
+            gamma=gamma or 1,
+            sampling=sampling,
+            seed=seed,
+            max_new_tokens=max_new,
+            batch_size=batch,
+        )
+        engines[gamma, gamma is None] = InProcessEngine(target, draft, settings)
+    result = passes(engines, requests, batch, rounds)
+    base = result["rates"][None, True]
+    out = {}
+    for gamma in gammas:
+        ratios = [s / b for s, b in zip(result["rates"][gamma, False], base, strict=True)]
+        gens = result["outputs"][gamma, False]
+        iterations = sum(g.iterations for g in gens)
+        out[gamma] = {
+            "speedup": float(np.median(ratios)),
+            "rounds": ratios,
+            "tokens_per_iteration": sum(len(g.tokens) for g in gens) / max(iterations, 1),
+            "identical_to_baseline": [g.tokens for g in gens]
+            == [g.tokens for g in result["outputs"][None, True]],
+        }
+    return out, result["outputs"][None, True], float(np.median(base))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sentences", type=int, default=24)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--target", default="ende_target")
+    parser.add_argument("--drafts", default="ende_draft_small,ende_draft_base")
+    parser.add_argument("--gammas", default="1,2,3,5")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default="runs/bench/ende_speedup.json")
+    args = parser.parse_args()
+    import sacrebleu
+    import sentencepiece as spm
+
+    gammas = tuple(int(g) for g in args.gammas.split(","))
+    processor = spm.SentencePieceProcessor(model_file=str(models.DEFAULT_VOCAB))
+    sentences = full_sentences(args.sentences)
+    encoded = encode(processor, sentences)
+    requests = [
+        Request(id=f"test-{i}", prompt_tokens=(0,), encoder_tokens=ids)
+        for i, ids in enumerate(encoded)
+    ]
+    target, target_resolved = load(args.target, "target")
+    drafts = [load(name, "draft")[0] for name in args.drafts.split(",")]
+    print(
+        f"target {target.name} {target.param_count() / 1e6:.2f}M "
+        f"({target_resolved.spec.checkpoint}); drafts "
+        + ", ".join(f"{d.name} {d.param_count() / 1e6:.2f}M" for d in drafts)
+        + f"; {len(sentences)} test sentences, batch 1 unless noted, {args.rounds} rounds"
+    )
+    report: dict = {"sentences": len(sentences), "target": target.name, "drafts": {}}
+
+    alphas = {
+        t: alpha_per_draft(
+            study_model(target),
+            [study_model(d) for d in drafts],
+            encoded,
+            temperature=t,
+            max_new=args.max_new_tokens,
+            seed=args.seed,
+        )
+        for t in TEMPERATURES
+    }
+    costs = {
+        b: step_costs(target, drafts[0], encoded, batch=b, max_k=max(gammas) + 1) for b in (1, 8)
+    }
+    draft_costs = {
+        (d.name, b): step_costs(d, d, encoded, batch=b, max_k=1).draft_step_s
+        for d in drafts
+        for b in (1, 8)
+    }
+    rows = []
+    baseline_out = None
+    for i, draft in enumerate(drafts):
+        entry = report["drafts"][draft.name] = {"params": draft.param_count(), "by_t": {}}
+        for t in TEMPERATURES:
+            alpha, low, high = alphas[t][i]
+            alpha_c = min(max(alpha, 0.0), 1.0)
+            cost = {
+                b: theory.StepCosts(
+                    target_s=costs[b].target_s, draft_step_s=draft_costs[draft.name, b]
+                )
+                for b in (1, 8)
+            }
+            measured, base_out, base_tps = measure(
+                target,
+                draft,
+                requests,
+                temperature=t,
+                gammas=gammas,
+                batch=1,
+                rounds=args.rounds,
+                max_new=args.max_new_tokens,
+                seed=args.seed,
+            )
+            if t == 0.0 and baseline_out is None:
+                baseline_out = base_out
+            best_measured = max(gammas, key=lambda g: measured[g]["speedup"])
+            batch8, _, base8 = measure(
+                target,
+                draft,
+                requests,
+                temperature=t,
+                gammas=(best_measured,),
+                batch=8,
+                rounds=args.rounds,
+                max_new=args.max_new_tokens,
+                seed=args.seed,
+            )
+            cell = {
+                "alpha": alpha,
+                "alpha_ci": [low, high],
+                "c": cost[1].c,
+                "best_gamma_predicted": theory.best_gamma(alpha_c, cost[1]),
+                "best_gamma_measured": best_measured,
+                "baseline_tokens_per_s": base_tps,
+                "by_gamma": {
+                    g: {
+                        **measured[g],
+                        "predicted": theory.predicted_speedup(alpha_c, g, cost[1]),
+                        "predicted_tokens_per_iteration": theory.expected_tokens(alpha_c, g),
+                    }
+                    for g in gammas
+                },
+                "batch8": {
+                    "gamma": best_measured,
+                    **batch8[best_measured],
+                    "predicted": theory.predicted_speedup(alpha_c, best_measured, cost[8]),
+                    "baseline_tokens_per_s": base8,
+                },
+            }
+            entry["by_t"][t] = cell
+            for g in gammas:
+                m = cell["by_gamma"][g]
+                rows.append(
+                    f"| {draft.name} | {t:g} | {alpha:.3f} [{low:.3f}, {high:.3f}] | "
+                    f"{cost[1].c:.3f} | 1 | {g} | {m['predicted_tokens_per_iteration']:.2f} / "
+                    f"{m['tokens_per_iteration']:.2f} | {m['predicted']:.2f} | "
+                    f"**{m['speedup']:.2f}** ({', '.join(f'{r:.2f}' for r in m['rounds'])}) | "
+                    f"{m['identical_to_baseline'] if t == 0 else '—'} |"
+                )
+            b8 = cell["batch8"]
+            rows.append(
+                f"| {draft.name} | {t:g} | | {cost[8].c:.3f} | 8 | {best_measured} | — / "
+                f"{b8['tokens_per_iteration']:.2f} | {b8['predicted']:.2f} | "
+                f"**{b8['speedup']:.2f}** ({', '.join(f'{r:.2f}' for r in b8['rounds'])}) | "
+                f"{b8['identical_to_baseline'] if t == 0 else '—'} |"
+            )
+            print(
+                f"  {draft.name} T={t:g}: α {alpha:.3f}, c {cost[1].c:.3f}, best γ predicted "
+                f"{cell['best_gamma_predicted']} / measured {best_measured}",
+                flush=True,
+            )
+    hypotheses = [processor.decode([x for x in g.tokens if x != EOS]) for g in baseline_out]
+    bleu = sacrebleu.corpus_bleu(hypotheses, [[de for _, de in sentences]]).score
+    report["bleu"] = bleu
+    report["costs_ms"] = {
+        b: {"target_k": {k: 1e3 * v for k, v in costs[b].target_s.items()}} for b in (1, 8)
+    }
+    report["draft_step_ms"] = {f"{n}@{b}": 1e3 * v for (n, b), v in draft_costs.items()}
+    print(f"\ntarget BLEU (greedy, {len(sentences)} test sentences): {bleu:.2f}")
+    for (en, de), hyp in list(zip(sentences, hypotheses, strict=True))[:3]:
+        print(f"  EN  {en}\n  REF {de}\n  OUT {hyp}")
+    for b in (1, 8):
+        ks = ", ".join(f"k={k} {1e3 * v:.2f}" for k, v in costs[b].target_s.items())
+        print(f"target call ms at batch {b}: {ks}")
+    print(
+        "draft step ms: "
+        + ", ".join(f"{n} b{b} {1e3 * v:.2f}" for (n, b), v in draft_costs.items())
+    )
+    print(
+        "\n| draft | T | α [95% CI] | c | batch | γ | tokens/iteration predicted / measured "
+        "| predicted speedup | measured speedup (median; rounds) | identical to target |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(rows))
+    path = REPO / args.json
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=float) + "\n")
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()
