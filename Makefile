@@ -36,7 +36,8 @@ models: $(STAMP)
 ## Train the English decoder-only pairs of the acceptance study (GPT-like, LaMDA-style;
 ## configs/studies/table3_small.yaml), resumable like `models`.
 models-en: $(STAMP)
-	for name in gpt_en_draft lamda_en_draft gpt_en_target lamda_en_target; do \
+	for name in gpt_en_draft lamda_en_draft gpt_en_draft_large lamda_en_draft_large \
+	    gpt_en_target lamda_en_target; do \
 	  $(BIN)/python -m pipelines.train --config configs/models/$$name.yaml --resume || exit 1; \
 	done
 

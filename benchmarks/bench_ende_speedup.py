@@ -71,18 +71,6 @@ def load(name: str, role: str):
     ), resolved
 
 
-def study_model(bound) -> study.StudyModel:
-    return study.StudyModel(
-        name=bound.name,
-        family=bound.family,
-        vocab_size=bound.vocab_size,
-        forward=bound.forward,
-        new_cache=bound.new_cache,
-        param_count=bound.param_count(),
-        params=bound.params,
-    )
-
-
 def encode(processor, sentences) -> list[tuple[int, ...]]:
     return [(*processor.encode(PREFIX + en), EOS) for en, _ in sentences]
 
@@ -157,6 +145,24 @@ def step_costs(target, draft, encoded, *, batch: int, max_k: int) -> theory.Step
         target_s={k: timer(target, k) for k in range(1, max_k + 1)},
         draft_step_s=timer(draft, 1),
     )
+
+
+def alpha_needed(costs: theory.StepCosts, speedup: float) -> tuple[float, int] | None:
+    """The smallest α (and its γ) whose predicted speedup at the best measured γ reaches
+    ``speedup``; None if even α = 1 does not (the costs alone rule it out)."""
+    if (
+        max(theory.predicted_speedup(1.0, g, costs) for g in range(1, max(costs.target_s)))
+        < speedup
+    ):
+        return None
+    low, high = 0.0, 1.0
+    for _ in range(40):
+        mid = (low + high) / 2
+        if theory.predicted_speedup(mid, theory.best_gamma(mid, costs), costs) >= speedup:
+            high = mid
+        else:
+            low = mid
+    return high, theory.best_gamma(high, costs)
 
 
 def passes(engines: dict, requests, batch: int, rounds: int) -> dict:
@@ -247,8 +253,8 @@ def main() -> None:
 
     alphas = {
         t: alpha_per_draft(
-            study_model(target),
-            [study_model(d) for d in drafts],
+            study.from_bound(target),
+            [study.from_bound(d) for d in drafts],
             encoded,
             temperature=t,
             max_new=args.max_new_tokens,
@@ -257,7 +263,8 @@ def main() -> None:
         for t in TEMPERATURES
     }
     costs = {
-        b: step_costs(target, drafts[0], encoded, batch=b, max_k=max(gammas) + 1) for b in (1, 8)
+        b: step_costs(target, drafts[0], encoded, batch=b, max_k=max(*gammas, 8) + 1)
+        for b in (1, 8)
     }
     draft_costs = {
         (d.name, b): step_costs(d, d, encoded, batch=b, max_k=1).draft_step_s
@@ -363,6 +370,21 @@ def main() -> None:
         "draft step ms: "
         + ", ".join(f"{n} b{b} {1e3 * v:.2f}" for (n, b), v in draft_costs.items())
     )
+    report["alpha_needed"] = {}
+    for draft in drafts:
+        for b in (1, 8):
+            cost = theory.StepCosts(
+                target_s=costs[b].target_s, draft_step_s=draft_costs[draft.name, b]
+            )
+            for goal in (2.0, 1.6):
+                need = alpha_needed(cost, goal)
+                report["alpha_needed"][f"{draft.name}@{b}:{goal}"] = need
+                text = (
+                    f"α ≥ {need[0]:.3f} (γ={need[1]})"
+                    if need
+                    else f"unreachable for γ ≤ {max(cost.target_s) - 1} even at α = 1"
+                )
+                print(f"cost model, {draft.name}, batch {b}: {goal}x needs {text}")
     print(
         "\n| draft | T | α [95% CI] | c | batch | γ | tokens/iteration predicted / measured "
         "| predicted speedup | measured speedup (median; rounds) | identical to target |"

@@ -620,20 +620,26 @@ def ngram_model(name: str, params) -> StudyModel:
 _MODELS: dict[Any, StudyModel] = {}  # this process's loaded models, by what defines them
 
 
-def _load_neural(ref: ModelRef) -> StudyModel:
-    from specdec_core.models.bound import load_model
-
-    bound = load_model(
-        ref.name, ref.family, ref.config, checkpoint=ref.checkpoint, init_seed=ref.init_seed
-    )
+def from_bound(bound) -> StudyModel:
+    """A StudyModel over a loaded :class:`~specdec_core.models.bound.BoundModel`."""
     return StudyModel(
-        name=ref.name,
-        family=ref.family,
+        name=bound.name,
+        family=bound.family,
         vocab_size=bound.vocab_size,
         forward=bound.forward,
         new_cache=bound.new_cache,
         param_count=bound.param_count(),
         params=bound.params,
+    )
+
+
+def _load_neural(ref: ModelRef) -> StudyModel:
+    from specdec_core.models.bound import load_model
+
+    return from_bound(
+        load_model(
+            ref.name, ref.family, ref.config, checkpoint=ref.checkpoint, init_seed=ref.init_seed
+        )
     )
 
 
