@@ -22,7 +22,12 @@ from specdec_core import decoding
 from specdec_core.models import bound, ngram
 from specdec_core.sampling import GREEDY, SamplingConfig
 
-PAIRS = [("gpt_en_target", "gpt_en_draft"), ("lamda_en_target", "lamda_en_draft")]
+PAIRS = [
+    ("gpt_en_target", "gpt_en_draft"),
+    ("gpt_en_target", "gpt_en_draft_large"),
+    ("lamda_en_target", "lamda_en_draft"),
+    ("lamda_en_target", "lamda_en_draft_large"),
+]
 PROMPTS = 16
 PROMPT_PIECES = 4
 MAX_NEW = 16
