@@ -27,16 +27,15 @@ Usage (the numbers in BENCHMARKS.md §6 came from the default):
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import pathlib
-import re
 import time
 
 import jax
 import numpy as np
 
 from pipelines import models, study
+from pipelines.data import ding
 from specdec_core import theory
 from specdec_core.models.bound import load_model
 from specdec_core.sampling import SamplingConfig
@@ -44,23 +43,14 @@ from workers.batching import DecodeSettings, Request
 from workers.engine import InProcessEngine
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-PREFIX = "translate English to German: "
-EOS = 1
-SENTENCE_END = re.compile(r"[.!?][\"')\]]*$")
+PREFIX, EOS = study.T5_PREFIX, study.T5_EOS_ID  # the ding_ende task's preprocessing
 TEMPERATURES = (0.0, 1.0)
 
 
 def full_sentences(count: int) -> list[tuple[str, str]]:
-    """The first ``count`` full sentences (both sides end in . ! ?) of the test split."""
-    path = REPO / "assets/data/ding/test.tsv"
-    out = []
-    with path.open(encoding="utf-8") as handle:
-        for row in csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE):
-            if len(row) == 2 and all(SENTENCE_END.search(side) for side in row):
-                out.append((row[0], row[1]))
-            if len(out) == count:
-                break
-    return out
+    """The first ``count`` full-sentence pairs of the test split (``ding.is_sentence_pair``)."""
+    pairs = ding.read_split(ding.DEFAULT_DATA_DIR, "test")
+    return [tuple(pair) for pair in pairs if ding.is_sentence_pair(pair)][:count]
 
 
 def load(name: str, role: str):
@@ -75,7 +65,7 @@ def encode(processor, sentences) -> list[tuple[int, ...]]:
     return [(*processor.encode(PREFIX + en), EOS) for en, _ in sentences]
 
 
-def padded(encoded, width_multiple: int = 16) -> np.ndarray:
+def padded(encoded, width_multiple: int = study.ENCODER_BUCKET) -> np.ndarray:
     width = -(-max(map(len, encoded)) // width_multiple) * width_multiple
     out = np.zeros((len(encoded), width), np.int32)
     for row, ids in enumerate(encoded):

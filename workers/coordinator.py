@@ -2,12 +2,14 @@
 
 ``SpeculativeCoordinator`` drives the loop of one batch between a draft worker and a
 target worker (both :class:`workers.model_worker.ModelWorker` actors): per iteration
-one ``score`` call to the target and one ``recover_and_propose`` call to the draft,
-which takes the target's result as an ObjectRef (submitted together, so no Python
-round trip between them), commits the iteration (the same :func:`decoding.commit`
-the in-process loop runs, so outputs are identical) and returns the state the
-coordinator keeps and sends next. Arguments and results cross as one blob per call
-(:mod:`workers.wire`); the coordinator counts those bytes, the target's result once.
+one ``score`` call to the target and one ``recover_and_propose`` call to the draft
+(in this actor's process when co-located), which takes the target's result, commits
+the iteration (the same :func:`decoding.commit` the in-process loop runs, so outputs
+are identical) and returns the state the coordinator keeps and sends next. The calls
+go over each worker's direct channel (:mod:`workers.channel`, ``transport="socket"``)
+or as Ray actor calls, where a draft actor gets the target's result as an ObjectRef.
+Arguments and results cross as one blob per call (:mod:`workers.wire`); the
+coordinator counts every byte that crosses between processes.
 
 ``RayEngine`` is what jobs use: it starts (or joins, with ``address``) a Ray
 instance, places the two workers and a coordinator as actors, and exposes the
@@ -118,35 +120,42 @@ class SpeculativeCoordinator:
 
     def _iterate(self, batch_id, state, tokens, token_probs, settings):
         """One iteration: (committed state, next tokens, their q, bytes, target seconds)."""
-        ray, draft, target, local = self._ray, self.draft, self.target, self.local_draft
+        if self.local_draft is None and self._draft_channel is None:
+            return self._iterate_chained(batch_id, state, tokens, token_probs, settings)
         t0 = time.perf_counter()
         to_target = wire.dumps((batch_id, state, tokens, token_probs, settings))
         if self._target_channel is not None:
             score_blob = self._target_channel.call("score", to_target)
-        elif local is not None:
-            score_blob = ray.get(target.call.remote("score", to_target))
         else:
-            # The draft's call takes the target's result as an ObjectRef: Ray hands it
-            # over when the target is done, with no round trip here.
-            scored = target.call.remote("score", to_target)
-            to_draft = wire.dumps((batch_id, state, settings))
-            committed = draft.call.remote("recover_and_propose", to_draft, scored)
-            ray.wait([scored], fetch_local=False)
-            t1 = time.perf_counter()
-            result, score_blob = ray.get(committed), ray.get(scored)
-            crossed = len(to_target) + len(to_draft) + len(score_blob) + len(result)
-            return (*wire.loads(result), crossed, t1 - t0)
-        t1 = time.perf_counter()
+            score_blob = self._ray.get(self.target.call.remote("score", to_target))
+        score_s = time.perf_counter() - t0
         crossed = len(to_target) + len(score_blob)
-        if local is not None:
-            committed = local.recover_and_propose(
+        if self.local_draft is not None:
+            committed = self.local_draft.recover_and_propose(
                 batch_id, state, settings, *wire.loads(score_blob)
             )
-            return (*committed, crossed, t1 - t0)
+            return (*committed, crossed, score_s)
+        # The draft's channel: the target's result crosses a second time, to the draft.
         to_draft = wire.dumps((batch_id, state, settings))
         result = self._draft_channel.call("recover_and_propose", to_draft, score_blob)
         crossed += len(to_draft) + len(score_blob) + len(result)
-        return (*wire.loads(result), crossed, t1 - t0)
+        return (*wire.loads(result), crossed, score_s)
+
+    def _iterate_chained(self, batch_id, state, tokens, token_probs, settings):
+        """:meth:`_iterate` for a draft actor over Ray: the draft's call takes the
+        target's result as an ObjectRef, handed over when the target is done, with no
+        round trip through here (the result is counted once)."""
+        ray = self._ray
+        t0 = time.perf_counter()
+        to_target = wire.dumps((batch_id, state, tokens, token_probs, settings))
+        scored = self.target.call.remote("score", to_target)
+        to_draft = wire.dumps((batch_id, state, settings))
+        committed = self.draft.call.remote("recover_and_propose", to_draft, scored)
+        ray.wait([scored], fetch_local=False)
+        score_s = time.perf_counter() - t0
+        result, score_blob = ray.get(committed), ray.get(scored)
+        crossed = len(to_target) + len(to_draft) + len(score_blob) + len(result)
+        return (*wire.loads(result), crossed, score_s)
 
     def generate(self, batch: PackedBatch, settings: DecodeSettings) -> decoding.DecodeResult:
         ray, draft, target, local = self._ray, self.draft, self.target, self.local_draft
