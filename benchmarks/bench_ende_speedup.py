@@ -15,13 +15,15 @@ For the target and each draft, on the first N full sentences of the Ding test sp
 - **measured speedup**: tokens/s of in-process speculative decoding over tokens/s of
   the same target decoding alone, on the same sentences in the same run, passes
   interleaved round by round (median over rounds), at batch 1 for every γ and at
-  batch 8 for each draft's best measured γ.
+  batch 8 for each draft's best measured γ. The speculative loop is compiled into one
+  call by default, as the target-only loop is (``--loop host``: one host round trip per
+  iteration, the loop the Ray coordinator drives).
 
 Usage (the numbers in BENCHMARKS.md §6 came from the default):
 
     .venv/bin/python benchmarks/bench_ende_speedup.py [--sentences 24] [--rounds 2]
         [--target ende_target] [--drafts ende_draft_small,ende_draft_base]
-        [--gammas 1,2,3,5] [--json runs/bench/ende_speedup.json]
+        [--gammas 1,2,3,5] [--loop compiled|host] [--json runs/bench/ende_speedup.json]
 """
 
 from __future__ import annotations
@@ -179,7 +181,9 @@ def passes(engines: dict, requests, batch: int, rounds: int) -> dict:
     return {"rates": rates, "outputs": outputs}
 
 
-def measure(target, draft, requests, *, temperature, gammas, batch, rounds, max_new, seed):
+def measure(
+    target, draft, requests, *, temperature, gammas, batch, rounds, max_new, seed, compiled
+):
     """{γ: (median speedup, per-round speedups, tokens/iteration)} and baseline outputs."""
     sampling = SamplingConfig(temperature=temperature)
     engines = {}
@@ -191,7 +195,7 @@ def measure(target, draft, requests, *, temperature, gammas, batch, rounds, max_
             max_new_tokens=max_new,
             batch_size=batch,
         )
-        engines[gamma, gamma is None] = InProcessEngine(target, draft, settings)
+        engines[gamma, gamma is None] = InProcessEngine(target, draft, settings, compiled=compiled)
     result = passes(engines, requests, batch, rounds)
     base = result["rates"][None, True]
     out = {}
@@ -218,6 +222,7 @@ def main() -> None:
     parser.add_argument("--gammas", default="1,2,3,5")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--loop", choices=("compiled", "host"), default="compiled")
     parser.add_argument("--json", default="runs/bench/ende_speedup.json")
     args = parser.parse_args()
     import sacrebleu
@@ -237,9 +242,15 @@ def main() -> None:
         f"target {target.name} {target.param_count() / 1e6:.2f}M "
         f"({target_resolved.spec.checkpoint}); drafts "
         + ", ".join(f"{d.name} {d.param_count() / 1e6:.2f}M" for d in drafts)
-        + f"; {len(sentences)} test sentences, batch 1 unless noted, {args.rounds} rounds"
+        + f"; {len(sentences)} test sentences, batch 1 unless noted, {args.rounds} rounds, "
+        f"{args.loop} loop"
     )
-    report: dict = {"sentences": len(sentences), "target": target.name, "drafts": {}}
+    report: dict = {
+        "sentences": len(sentences),
+        "target": target.name,
+        "loop": args.loop,
+        "drafts": {},
+    }
 
     alphas = {
         t: alpha_per_draft(
@@ -284,6 +295,7 @@ def main() -> None:
                 rounds=args.rounds,
                 max_new=args.max_new_tokens,
                 seed=args.seed,
+                compiled=args.loop == "compiled",
             )
             if t == 0.0 and baseline_out is None:
                 baseline_out = base_out
@@ -298,6 +310,7 @@ def main() -> None:
                 rounds=args.rounds,
                 max_new=args.max_new_tokens,
                 seed=args.seed,
+                compiled=args.loop == "compiled",
             )
             cell = {
                 "alpha": alpha,

@@ -130,7 +130,9 @@ def main() -> None:
             gamma=args.gamma, max_new_tokens=args.max_new_tokens, batch_size=batch_size, eos_id=None
         )
         reqs = requests(args.records if batch_size == 1 else max(args.records, 32), 8000)
-        engines = {"inprocess": InProcessEngine(target, draft, settings)}
+        # The host loop: the same per-iteration steps the coordinator drives, so the
+        # ratio is the cost of hosting the models in workers.
+        engines = {"inprocess": InProcessEngine(target, draft, settings, compiled=False)}
         try:
             for placement, transport in grid:
                 engines[placement, transport] = RayEngine(

@@ -50,6 +50,7 @@ def _speculative(
     eos_id=None,
     seed=0,
     request_ids=None,
+    compiled=False,
 ):
     batch = prompt_tokens.shape[0]
     return decoding.speculative_generate(
@@ -65,6 +66,7 @@ def _speculative(
         sampling_config=sampling,
         seed=seed,
         eos_id=eos_id,
+        compiled=compiled,
     )
 
 
@@ -212,3 +214,37 @@ def test_bad_prompts_and_gamma_are_rejected():
         _speculative(tokens, np.array([0, 2]), gamma=2, max_new=4)
     with pytest.raises(ValueError, match="prompt_tokens"):
         _baseline(tokens[0], lengths, max_new=4)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_compiled_loop_equals_host_loop(temperature, gamma):
+    """The one-call loop runs the same steps: same tokens, stops and statistics per row,
+    ragged rows (EOS, per-row max_new) included; its time split is unknown (NaN)."""
+    tokens, lengths = prompts(6, 6, VOCAB, seed=11)
+    max_new = np.array([30, 1, 17, 30, 8, 25])
+    common = dict(
+        gamma=gamma,
+        max_new=max_new,
+        draft="independent",
+        sampling=SamplingConfig(temperature=temperature),
+        eos_id=3,
+        seed=5,
+    )
+    host = _speculative(tokens, lengths, **common)
+    fused = _speculative(tokens, lengths, compiled=True, **common)
+    for field in ("tokens", "lengths", "iterations", "drafted", "accepted"):
+        np.testing.assert_array_equal(getattr(fused, field), getattr(host, field), err_msg=field)
+    np.testing.assert_array_equal(fused.accepted_by_position, host.accepted_by_position)
+    assert (host.lengths < max_new).any() and (host.lengths == max_new).any()  # both stops
+    assert fused.total_s > 0 and np.isnan(fused.draft_s) and np.isnan(fused.overhead_s)
+    if temperature == 0.0:
+        base = _baseline(tokens, lengths, max_new=max_new, eos_id=3)
+        np.testing.assert_array_equal(fused.tokens, base.tokens)
+
+
+def test_compiled_loop_with_every_row_done_at_start_returns_nothing():
+    tokens, lengths = prompts(2, 4, VOCAB)
+    spec = _speculative(tokens, lengths, gamma=2, max_new=np.array([0, 0]), compiled=True)
+    np.testing.assert_array_equal(spec.lengths, 0)
+    np.testing.assert_array_equal(spec.iterations, 0)

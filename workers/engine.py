@@ -4,7 +4,9 @@ Two implementations of one interface (``generate`` speculative, ``generate_basel
 target alone, ``close``):
 
 - :class:`InProcessEngine` runs both models in the calling process with
-  :func:`specdec_core.decoding.speculative_generate`;
+  :func:`specdec_core.decoding.speculative_generate`, by default as one compiled loop
+  (``compiled=False``: the host loop, which also splits the time into draft / target /
+  overhead);
 - :class:`workers.coordinator.RayEngine` hosts the draft and the target in separate
   Ray actors driven by a speculative coordinator.
 
@@ -34,7 +36,12 @@ class Engine(Protocol):
 
 
 def decode_speculative(
-    target: BoundModel, draft: BoundModel, batch: PackedBatch, settings: DecodeSettings
+    target: BoundModel,
+    draft: BoundModel,
+    batch: PackedBatch,
+    settings: DecodeSettings,
+    *,
+    compiled: bool = False,
 ) -> decoding.DecodeResult:
     """One packed batch through the in-process speculative loop (encoders included)."""
     rows = batch.prompt_tokens.shape[0]
@@ -51,6 +58,7 @@ def decode_speculative(
         sampling_config=settings.sampling,
         seed=settings.seed,
         eos_id=settings.eos_id,
+        compiled=compiled,
     )
 
 
@@ -73,20 +81,32 @@ def decode_baseline(
 
 
 class InProcessEngine:
-    """Draft and target in this process."""
+    """Draft and target in this process; ``compiled``: the whole speculative loop as one
+    compiled call (the same tokens as the host loop, without a host round trip per
+    iteration)."""
 
-    def __init__(self, target: BoundModel, draft: BoundModel, settings: DecodeSettings):
+    def __init__(
+        self,
+        target: BoundModel,
+        draft: BoundModel,
+        settings: DecodeSettings,
+        *,
+        compiled: bool = True,
+    ):
         if target.vocab_size != draft.vocab_size:
             raise ValueError(
                 f"draft {draft.name!r} has vocab_size {draft.vocab_size} but target "
                 f"{target.name!r} has {target.vocab_size}: they must share a vocabulary"
             )
         self.target, self.draft, self.settings = target, draft, settings
+        self.compiled = compiled
 
     def generate(self, requests: Sequence[Request]) -> list[Generation]:
         batch = pack(requests, self.settings)
         start = time.perf_counter()
-        result = decode_speculative(self.target, self.draft, batch, self.settings)
+        result = decode_speculative(
+            self.target, self.draft, batch, self.settings, compiled=self.compiled
+        )
         return unpack(batch, result, wall_ms=1e3 * (time.perf_counter() - start))
 
     def generate_baseline(self, requests: Sequence[Request]) -> list[Generation]:
