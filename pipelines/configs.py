@@ -82,6 +82,9 @@ class CheckpointConfig:
     every_steps: int = 0  # save every N steps (0 = by time only)
     every_seconds: float = 600.0  # save at least this often (0 = by steps only)
     keep: int = 2  # training checkpoints kept (exports keep only the latest)
+    init_from: str = ""  # params-only checkpoint folder (e.g. another model's export, same
+    #                      architecture) to start from when there is nothing to resume;
+    #                      "" = random init
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -105,6 +108,10 @@ class ModelFileConfig:
     @property
     def export_dir(self) -> pathlib.Path:
         return resolve(self.checkpoint.export_dir or f"assets/checkpoints/{self.name}")
+
+    @property
+    def init_from(self) -> pathlib.Path | None:
+        return resolve(self.checkpoint.init_from) if self.checkpoint.init_from else None
 
 
 def resolve(path: str | pathlib.Path) -> pathlib.Path:

@@ -330,6 +330,15 @@ def export_params(export_dir: pathlib.Path, *, step: int, params, dtype: str, in
     return folder
 
 
+def _repo_relative(path) -> str:
+    path = pathlib.Path(path)
+    return (
+        str(path.relative_to(configs.REPO_ROOT))
+        if path.is_relative_to(configs.REPO_ROOT)
+        else str(path)
+    )
+
+
 def load_model_params(model_file: configs.ModelFileConfig, path: pathlib.Path | None = None):
     """Latest params of a model config: its train dir, else its export dir (as float32)."""
     like = jax.eval_shape(lambda: init_params(model_file.model, 0))
@@ -529,7 +538,8 @@ class Trainer:
             )
 
     def initial_state(self, *, resume: bool):
-        """(params, opt_state, RunState): fresh, or the newest complete checkpoint."""
+        """(params, opt_state, RunState): the newest complete checkpoint (``resume``), else
+        the committed export (``resume``), else ``checkpoint.init_from``, else fresh."""
         params = init_params(self.file.model, self.train.seed)
         opt_state = self.optimizer.init(params)
         run = RunState()
@@ -550,6 +560,15 @@ class Trainer:
                 "no resumable train state, so the optimizer state starts afresh",
                 flush=True,
             )
+        elif (folder := self.file.init_from) is not None:
+            try:
+                params = load_model_params(self.file, folder)
+            except Exception as error:
+                raise RuntimeError(
+                    f"{self.file.path}: cannot start from checkpoint.init_from {folder}: {error}"
+                ) from error
+            opt_state = self.optimizer.init(params)
+            print(f"initialised from {folder} (step 0, fresh optimizer state)", flush=True)
         return params, opt_state, run
 
     def check_vocabulary(self, recorded_sha256: str | None, where: pathlib.Path) -> None:
@@ -630,6 +649,9 @@ class Trainer:
             "vocab_sha256": self.vocab_sha256,
             "command": command,
         }
+        for key, path in (("teacher", self.file.teacher), ("init_from", self.file.init_from)):
+            if path:  # provenance: what the params were distilled from / started from
+                info[key] = _repo_relative(path)
         export_params(
             self.file.export_dir,
             step=run.step,

@@ -172,6 +172,47 @@ def test_resume_without_train_state_warm_starts_from_the_export(tiny_config, tmp
     assert fresh_run.step == 0
 
 
+@pytest.mark.slow
+def test_init_from_starts_a_distilled_student_from_another_export(tiny_config, tmp_path):
+    """``checkpoint.init_from`` + ``teacher``: a draft fine-tuned towards the target from a
+    committed export (ende_draft_distill's recipe); training.json says where it came from."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert (
+        train.main(["--config", str(tiny_config), "--max-steps", "2", "--tracking-uri", uri]) == 0
+    )
+    teacher = configs.load_model_config(tiny_config)
+    student_yaml = tmp_path / "student.yaml"
+    text = tiny_config.read_text().replace("name: tiny", "name: student")
+    text = text.replace(f"{tmp_path}/train", f"{tmp_path}/student_train")
+    text = text.replace(
+        f"export_dir: {tmp_path}/export,",
+        f"export_dir: {tmp_path}/student_export, init_from: {teacher.export_dir},",
+    )
+    text += f"teacher: {tiny_config}\n"
+    student_yaml.write_text(
+        text.replace("warmup_steps: 2,", "warmup_steps: 2, distill_weight: 1.0,")
+    )
+    student = configs.load_model_config(student_yaml)
+    assert student.init_from == teacher.export_dir and student.train.distill_weight == 1.0
+    params, _, run = train.Trainer(student, max_steps=4).initial_state(resume=True)
+    exported = checkpoints.load_t5x(teacher.export_dir / "checkpoint_2")
+    assert run.step == 0
+    np.testing.assert_array_equal(
+        np.asarray(params["token_embedder"]["embedding"]),
+        exported["token_embedder"]["embedding"].astype(np.float32),
+    )
+    assert (
+        train.main(["--config", str(student_yaml), "--max-steps", "2", "--tracking-uri", uri]) == 0
+    )
+    info = json.loads((student.export_dir / "training.json").read_text())
+    assert info["step"] == 2
+    assert info["init_from"] == str(teacher.export_dir) and info["teacher"] == str(tiny_config)
+
+    student_yaml.write_text(text.replace(str(teacher.export_dir), str(tmp_path / "nowhere")))
+    with pytest.raises(RuntimeError, match=r"init_from .*nowhere"):
+        train.Trainer(configs.load_model_config(student_yaml)).initial_state(resume=False)
+
+
 LM_YAML = """
 name: tiny_lm
 family: decoder
