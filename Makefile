@@ -26,12 +26,14 @@ run: $(STAMP)
 ui: $(STAMP)
 	$(BIN)/specdec ui
 
-## Retrain the embedded En->De pair (target + two drafts); resumable: rerun to continue
-## from runs/train/ (see assets/checkpoints/README.md for steps and timings).
+## Retrain the embedded En->De pair (target + two drafts, then the small draft distilled
+## from the target); resumable: rerun to continue from runs/train/ (see
+## assets/checkpoints/README.md for steps and timings).
 models: $(STAMP)
 	$(BIN)/python -m pipelines.train --config configs/models/ende_target.yaml --resume
 	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_small.yaml --resume
 	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_base.yaml --resume
+	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_distill.yaml --resume
 
 ## Train the English decoder-only pairs of the acceptance study (GPT-like, LaMDA-style;
 ## configs/studies/table3_small.yaml), resumable like `models`.
