@@ -3,7 +3,9 @@
 The target is the table stub with dense "work" layers sized so one target call costs
 >= 5 ms; the draft is the bare table (microseconds). Overhead is wall time minus the
 time inside draft and target calls (acceptance, commit, rollback, the host loop), per
-iteration and as a share of the iteration. Usage:
+iteration and as a share of the iteration. Beside it, the same decode with the loop
+compiled into one call (``compiled=True``, the in-process engine's default): its
+iteration time, and host-loop time over compiled-loop time in the same run. Usage:
 
     .venv/bin/python benchmarks/bench_loop_overhead.py [--work-dim 1024 --work-layers 24 48]
 """
@@ -51,7 +53,7 @@ def run(batch: int, gamma: int, config: SamplingConfig, args, work_layers: int) 
     )
     prompts = np.random.default_rng(0).integers(0, vocab, (batch, 8)).astype(np.int32)
 
-    def once():
+    def once(compiled=False):
         return decoding.speculative_generate(
             target=target,
             target_cache=table.init_cache(batch, max_len),
@@ -63,10 +65,15 @@ def run(batch: int, gamma: int, config: SamplingConfig, args, work_layers: int) 
             max_new_tokens=args.new_tokens,
             gamma=gamma,
             sampling_config=config,
+            compiled=compiled,
         )
 
-    once()  # compile
-    results = [once() for _ in range(args.repeats)]
+    once(), once(compiled=True)  # compile both
+    results, fused = [], []
+    for _ in range(args.repeats):  # interleaved, so both see the same machine
+        results.append(once())
+        fused.append(once(compiled=True))
+    fused_total = np.array([r.total_s for r in fused])
     iterations = np.array([r.iterations.max() for r in results])
     overhead = np.array([r.overhead_s for r in results])
     total = np.array([r.total_s for r in results])
@@ -78,6 +85,8 @@ def run(batch: int, gamma: int, config: SamplingConfig, args, work_layers: int) 
         "iteration_ms": 1e3 * float(np.median(total / iterations)),
         "overhead_per_iteration_ms": 1e3 * float(np.median(overhead / iterations)),
         "overhead_share": float(np.median(overhead / total)),
+        "compiled_iteration_ms": 1e3 * float(np.median(fused_total / iterations)),
+        "host_over_compiled": float(np.median(total) / np.median(fused_total)),
         "acceptance": float(results[0].accepted.sum() / results[0].drafted.sum()),
     }
 
@@ -95,9 +104,9 @@ def main() -> None:
     )
     print(
         "| batch | γ | T | target call (γ+1 tokens) ms | iteration ms | overhead/iter ms "
-        "| overhead share | acceptance |"
+        "| overhead share | acceptance | compiled loop: iteration ms | host / compiled |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for layers in args.work_layers:
         for batch in (1, 16):
             for config in (GREEDY, SamplingConfig(temperature=1.0)):
@@ -106,7 +115,8 @@ def main() -> None:
                     f"| {r['batch']} | {r['gamma']} | {r['temperature']:g} | "
                     f"{r['target_call_ms']:.2f} | {r['iteration_ms']:.2f} | "
                     f"{r['overhead_per_iteration_ms']:.3f} | {100 * r['overhead_share']:.1f}% | "
-                    f"{r['acceptance']:.2f} |",
+                    f"{r['acceptance']:.2f} | {r['compiled_iteration_ms']:.2f} | "
+                    f"{r['host_over_compiled']:.2f} |",
                     flush=True,
                 )
 
