@@ -1,0 +1,241 @@
+"""Sequence-level distillation data: the target's own translations as training pairs.
+
+``python -m pipelines.kd_data --teacher-config configs/models/ende_target.yaml
+--output runs/kd/ende_target`` decodes English inputs of the teacher's training split
+with the teacher (greedy at T=0, sampled at T=1, ...) and writes the result as a Ding-
+style data folder: ``train.tsv`` holds ``english<TAB>teacher's German`` (one line per
+input and temperature), ``validation.tsv`` / ``test.tsv`` are copied unchanged (so
+evaluation still scores against real references), and ``kd.json`` records the teacher,
+its step, the settings and the counts.
+
+Why: speculative decoding accepts a drafted token with probability min(1, p/q) along the
+*target's* trajectories, and at T=0 only the target's argmax is ever accepted. A draft
+distilled (KL to the teacher, ``train.distill_weight``) on prefixes the teacher itself
+writes sees the distributions it will be asked to match; on the reference German it
+sees prefixes the target never produces. Point a draft config's ``data.data_dir`` at the
+output folder (``configs/models/ende_draft_kd.yaml``).
+
+Every input gets a line (a decode that hits ``--max-new-tokens`` is written truncated
+and counted); the output is a pure function of the teacher, the inputs and the seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+
+from pipelines import configs, train
+from pipelines.data import ding
+
+PREFIX = train.PREFIX
+EOS_ID = train.EOS_ID
+
+
+def select_inputs(data_dir: pathlib.Path, *, inputs: str, limit: int) -> list[str]:
+    """English sides of the training split: full sentences only, or all pairs; the first
+    ``limit`` (0 = all), each distinct English line once, in file order."""
+    if inputs not in ("sentences", "all"):
+        raise ValueError(f"--inputs must be 'sentences' or 'all', got {inputs!r}")
+    seen: set[str] = set()
+    english = []
+    for pair in ding.iter_split(data_dir, "train"):
+        if inputs == "sentences" and not ding.is_sentence_pair(pair):
+            continue
+        if pair[0] not in seen:
+            seen.add(pair[0])
+            english.append(pair[0])
+        if limit and len(english) == limit:
+            break
+    if not english:
+        raise ValueError(f"no {inputs} inputs in the train split of {data_dir}")
+    return english
+
+
+def teacher_model(model_file: configs.ModelFileConfig, checkpoint: pathlib.Path | None):
+    """The teacher as a BoundModel (its latest checkpoint unless ``checkpoint``)."""
+    from specdec_core.models.bound import bind
+
+    params = train.load_model_params(model_file, checkpoint)
+    return bind(model_file.name, model_file.family, model_file.model, params)
+
+
+def decode_all(
+    model,
+    encoded: Sequence[Sequence[int]],
+    *,
+    temperature: float,
+    seed: int,
+    batch_size: int,
+    max_new_tokens: int,
+    progress=None,
+) -> list[list[int]]:
+    """The teacher's continuation of every input (EOS dropped), in input order. Inputs
+    are decoded in length-sorted batches so padding stays small."""
+    from specdec_core.sampling import SamplingConfig
+    from workers.batching import DecodeSettings, Request, pack
+    from workers.engine import decode_baseline
+
+    settings = DecodeSettings(
+        sampling=SamplingConfig(temperature=temperature),
+        seed=seed,
+        eos_id=EOS_ID,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+    )
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+    outputs: list[list[int]] = [[] for _ in encoded]
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        requests = [
+            Request(id=str(i), prompt_tokens=(0,), encoder_tokens=tuple(encoded[i])) for i in chunk
+        ]
+        batch = pack(requests, settings)
+        result = decode_baseline(model, batch, settings)
+        for row, i in enumerate(chunk):
+            ids = result.row_tokens(row)
+            outputs[i] = ids[:-1] if ids and ids[-1] == EOS_ID else ids
+        if progress is not None:
+            progress(min(start + batch_size, len(order)), len(order))
+    return outputs
+
+
+def parse_temperatures(text: str) -> list[float]:
+    try:
+        values = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"--temperatures must be comma-separated numbers, got {text!r}") from None
+    if not values or any(t < 0 for t in values):
+        raise ValueError(f"--temperatures must be >= 0 and not empty, got {text!r}")
+    return values
+
+
+def build(
+    *,
+    teacher_config: str | pathlib.Path,
+    output: str | pathlib.Path,
+    teacher_checkpoint: str | pathlib.Path | None = None,
+    inputs: str = "sentences",
+    limit: int = 0,
+    temperatures: Sequence[float] = (0.0, 1.0),
+    seed: int = 0,
+    batch_size: int = 32,
+    max_new_tokens: int = 64,
+    log=print,
+) -> dict:
+    """Writes the distillation data folder; returns what kd.json records."""
+    import sentencepiece as spm
+
+    model_file = configs.load_model_config(configs.resolve(teacher_config))
+    if model_file.family != "t5":
+        raise ValueError(f"{model_file.path}: kd_data needs an encoder-decoder (t5) teacher")
+    data_dir = configs.resolve(model_file.data.data_dir)
+    output = configs.resolve(output)
+    checkpoint = configs.resolve(teacher_checkpoint) if teacher_checkpoint else None
+    english = select_inputs(data_dir, inputs=inputs, limit=limit)
+    processor = spm.SentencePieceProcessor(
+        model_file=str(configs.resolve(model_file.data.vocab_path))
+    )
+    max_in = model_file.data.max_input_length
+    encoded = [train._trim(x, max_in) for x in processor.encode([PREFIX + e for e in english])]
+    model = teacher_model(model_file, checkpoint)
+    started = time.perf_counter()
+    lines, truncated, empty = [], 0, 0
+    for temperature in temperatures:
+        tick = time.perf_counter()
+
+        def progress(done, total, temperature=temperature, tick=tick):
+            if done == total or done % (20 * batch_size) == 0:
+                rate = done / max(time.perf_counter() - tick, 1e-9)
+                log(f"T={temperature:g}: {done}/{total} inputs ({rate:.0f}/s)")
+
+        outputs = decode_all(
+            model,
+            encoded,
+            temperature=temperature,
+            seed=seed,
+            batch_size=batch_size,
+            max_new_tokens=max_new_tokens,
+            progress=progress,
+        )
+        for en, ids in zip(english, outputs, strict=True):
+            truncated += len(ids) >= max_new_tokens
+            empty += not ids
+            german = processor.decode(ids).replace("\t", " ").replace("\n", " ").strip()
+            lines.append((en, german))
+    output.mkdir(parents=True, exist_ok=True)
+    ding.write_split(output / "train.tsv", lines)
+    for split in ("validation", "test"):
+        shutil.copyfile(ding.split_path(data_dir, split), output / f"{split}.tsv")
+    info = {
+        "teacher_config": str(teacher_config),
+        "teacher_checkpoint": str(checkpoint or "latest"),
+        "teacher_step": _teacher_step(model_file, checkpoint),
+        "source": str(data_dir),
+        "inputs": inputs,
+        "limit": limit,
+        "temperatures": list(temperatures),
+        "seed": seed,
+        "max_new_tokens": max_new_tokens,
+        "pairs": len(lines),
+        "distinct_inputs": len(english),
+        "truncated": truncated,
+        "empty": empty,
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+    (output / "kd.json").write_text(json.dumps(info, indent=2) + "\n")
+    log(f"wrote {len(lines)} pairs to {output / 'train.tsv'} ({truncated} hit the length cap)")
+    return info
+
+
+def _teacher_step(model_file: configs.ModelFileConfig, checkpoint: pathlib.Path | None):
+    complete = train.complete_checkpoints(model_file.train_dir)
+    if checkpoint is None and complete:
+        return complete[-1][0]
+    folder = checkpoint or model_file.export_dir
+    if folder.name.startswith("checkpoint_") and folder.name[11:].isdigit():
+        return int(folder.name[11:])
+    info = folder / "training.json"
+    if info.is_file():
+        return json.loads(info.read_text()).get("step")
+    steps = [int(p.name.split("_")[1]) for p in folder.glob("checkpoint_*")]
+    return max(steps) if steps else None
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--teacher-config", required=True, help="the target's model YAML")
+    parser.add_argument("--output", required=True, help="data folder to write")
+    parser.add_argument("--teacher-checkpoint", help="default: the config's latest checkpoint")
+    parser.add_argument("--inputs", default="sentences", help="'sentences' (default) or 'all'")
+    parser.add_argument("--limit", type=int, default=0, help="first N distinct inputs (0 = all)")
+    parser.add_argument("--temperatures", default="0,1", help="one pass per temperature")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    args = parser.parse_args(argv)
+    try:
+        temperatures = parse_temperatures(args.temperatures)
+        if args.limit < 0 or args.batch_size < 1 or args.max_new_tokens < 1:
+            raise ValueError("--limit must be >= 0, --batch-size and --max-new-tokens >= 1")
+        return build(
+            teacher_config=args.teacher_config,
+            output=args.output,
+            teacher_checkpoint=args.teacher_checkpoint,
+            inputs=args.inputs,
+            limit=args.limit,
+            temperatures=temperatures,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            max_new_tokens=args.max_new_tokens,
+        )
+    except (ValueError, FileNotFoundError, configs.ConfigError) as error:
+        sys.exit(f"kd_data: {error}")
+
+
+if __name__ == "__main__":
+    main()

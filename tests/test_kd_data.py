@@ -1,0 +1,103 @@
+"""pipelines.kd_data: the teacher's own translations as a Ding-style data folder that the
+trainer reads (sequence-level distillation data for a draft)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import sentencepiece as spm
+
+from pipelines import configs, kd_data, train
+from pipelines.data import ding
+from tests.test_train_job import PAIRS, tiny_config  # noqa: F401  (fixture)
+
+
+@pytest.fixture
+def trained_teacher(tiny_config, tmp_path):  # noqa: F811
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert (
+        train.main(["--config", str(tiny_config), "--max-steps", "2", "--tracking-uri", uri]) == 0
+    )
+    return tiny_config
+
+
+@pytest.mark.slow
+def test_kd_folder_holds_the_teachers_translations_and_trains_a_student(trained_teacher, tmp_path):
+    out = tmp_path / "kd"
+    logged: list[str] = []
+    info = kd_data.build(
+        teacher_config=trained_teacher,
+        output=out,
+        temperatures=(0.0, 1.0),
+        batch_size=2,
+        max_new_tokens=6,
+        log=logged.append,
+    )
+    sentences = [en for en, de in PAIRS if ding.is_sentence_pair((en, de))]
+    pairs = ding.read_split(out, "train")
+    # one line per (temperature, input), inputs in file order, none dropped
+    assert [en for en, _ in pairs] == sentences * 2
+    assert info["pairs"] == len(pairs) == 2 * len(sentences)
+    assert info["teacher_step"] == 2 and info["temperatures"] == [0.0, 1.0]
+    assert json.loads((out / "kd.json").read_text()) == info
+    data_dir = configs.resolve(configs.load_model_config(trained_teacher).data.data_dir)
+    assert ding.read_split(out, "validation") == ding.read_split(data_dir, "validation")
+    assert any("wrote 4 pairs" in line for line in logged)
+
+    # the T=0 lines are the teacher's greedy decodes, whatever the batching
+    model_file = configs.load_model_config(trained_teacher)
+    processor = spm.SentencePieceProcessor(
+        model_file=str(configs.resolve(model_file.data.vocab_path))
+    )
+    encoded = [
+        train._trim(x, 64) for x in processor.encode([kd_data.PREFIX + s for s in sentences])
+    ]
+    one_by_one = kd_data.decode_all(
+        kd_data.teacher_model(model_file, None),
+        encoded,
+        temperature=0.0,
+        seed=0,
+        batch_size=1,
+        max_new_tokens=6,
+    )
+    expected = [processor.decode(ids).strip() for ids in one_by_one]
+    assert [de for _, de in pairs[: len(sentences)]] == expected
+    assert info["truncated"] >= sum(len(ids) >= 6 for ids in one_by_one)
+
+    # the folder is a data_dir the trainer reads
+    student = tmp_path / "student.yaml"
+    text = trained_teacher.read_text().replace("name: tiny", "name: student")
+    text = text.replace(f"data_dir: {data_dir}", f"data_dir: {out}")
+    text = text.replace(f"{tmp_path}/train", f"{tmp_path}/s_train")
+    text = text.replace(f"{tmp_path}/export", f"{tmp_path}/s_export")
+    student.write_text(text)
+    assert configs.load_model_config(student).data.data_dir == str(out)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert train.main(["--config", str(student), "--max-steps", "1", "--tracking-uri", uri]) == 0
+
+
+def test_select_inputs_dedupes_and_limits(tiny_config):  # noqa: F811
+    data_dir = configs.resolve(configs.load_model_config(tiny_config).data.data_dir)
+    assert kd_data.select_inputs(data_dir, inputs="all", limit=3) == [en for en, _ in PAIRS[:3]]
+    assert kd_data.select_inputs(data_dir, inputs="sentences", limit=0) == [
+        "The house is small.",
+        "I am tired!",
+    ]
+    with pytest.raises(ValueError, match="--inputs must be"):
+        kd_data.select_inputs(data_dir, inputs="phrases", limit=0)
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--temperatures", "0,-1"], "--temperatures must be >= 0"),
+        (["--temperatures", "zero"], "comma-separated numbers"),
+        (["--batch-size", "0"], "--batch-size"),
+    ],
+)
+def test_cli_rejects_bad_settings_before_any_work(tiny_config, tmp_path, flags, message):  # noqa: F811
+    argv = ["--teacher-config", str(tiny_config), "--output", str(tmp_path / "kd"), *flags]
+    with pytest.raises(SystemExit, match=message):
+        kd_data.main(argv)
+    assert not (tmp_path / "kd").exists()
