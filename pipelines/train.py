@@ -714,7 +714,7 @@ class Trainer:
             window_step, wall_at_start = run.step, run.wall_s
             while run.step < self.max_steps and not stop.stop:
                 params, opt_state, metrics = self.train_step(
-                    params, opt_state, self.batch(run.step)
+                    params, opt_state, self.batch(run.step), self.dropout_key(run.step)
                 )
                 run.step += 1
                 run.wall_s = wall_at_start + time.time() - segment_start
@@ -728,6 +728,13 @@ class Trainer:
                     self.save(params, opt_state, run, command)
                     last_save = time.time()
         return run
+
+    def dropout_key(self, step: int) -> jax.Array | None:
+        """The dropout key of ``step`` (from the seed and the step, so a resumed run drops
+        what an uninterrupted one would); None when the model has no dropout."""
+        if getattr(self.file.model, "dropout_rate", 0.0) <= 0.0:
+            return None
+        return jax.random.fold_in(jax.random.PRNGKey(self.train.seed + 1_000_003), step)
 
     def log_progress(self, step: int, metrics, rate: float, tracking) -> None:
         """One progress line (loss, accuracy, steps/s, ETA) and the MLflow train metrics."""

@@ -34,7 +34,7 @@ import optax
 from specdec_core.models import decoder, t5
 
 Batch = Mapping[str, jax.Array]
-LogitsFn = Callable[[Any, Batch], jax.Array]  # (params, batch) -> logits [B, T, V]
+LogitsFn = Callable[..., jax.Array]  # (params, batch[, dropout rng]) -> logits [B, T, V]
 OPTIMIZERS = ("adamw", "adafactor")
 SCHEDULES = ("rsqrt", "cosine", "constant")
 
@@ -60,19 +60,25 @@ class LossConfig:
 # ---------------------------------------------------------------------------- models
 
 
-def t5_logits(config: t5.T5Config, params, batch: Batch) -> jax.Array:
-    """T5 teacher-forced logits [B, T, V] of a T5X-style batch."""
+def t5_logits(config: t5.T5Config, params, batch: Batch, rng: jax.Array | None = None) -> jax.Array:
+    """T5 teacher-forced logits [B, T, V] of a T5X-style batch; ``rng`` turns on the
+    config's dropout (training steps only)."""
     return t5.score(
         config,
         params,
         batch["encoder_input_tokens"],
         batch["decoder_input_tokens"],
         batch["decoder_target_tokens"],
+        dropout_rng=rng,
     )
 
 
-def decoder_logits(config: decoder.DecoderConfig, params, batch: Batch) -> jax.Array:
-    """Decoder-only logits [B, T, V]: position t predicts ``decoder_target_tokens[:, t]``."""
+def decoder_logits(
+    config: decoder.DecoderConfig, params, batch: Batch, rng: jax.Array | None = None
+) -> jax.Array:
+    """Decoder-only logits [B, T, V]: position t predicts ``decoder_target_tokens[:, t]``
+    (this family has no dropout: ``rng`` is accepted and unused)."""
+    del rng
     return decoder.score(config, params, batch["decoder_input_tokens"])
 
 
@@ -240,7 +246,10 @@ def make_train_step(
     teacher_logits_fn: LogitsFn | None = None,
     teacher_params: Any = None,
 ) -> Callable:
-    """Jitted ``(params, opt_state, batch) -> (params, opt_state, metrics)``.
+    """Jitted ``(params, opt_state, batch, rng=None) -> (params, opt_state, metrics)``.
+
+    ``rng`` (a key) is passed to ``logits_fn`` as its third argument: the model's dropout
+    for this step (None: deterministic). The teacher never drops.
 
     With ``loss_config.distill_weight > 0``, ``teacher_logits_fn(teacher_params, batch)``
     gives the teacher's logits (no gradient flows into the teacher). Params and
@@ -249,14 +258,15 @@ def make_train_step(
     if loss_config.distill_weight > 0.0 and teacher_logits_fn is None:
         raise ValueError("distill_weight > 0 needs teacher_logits_fn and teacher_params")
 
-    def step(params, opt_state, batch, teacher):
+    def step(params, opt_state, batch, teacher, rng):
         teacher_logits = None
         if loss_config.distill_weight > 0.0:
             teacher_logits = jax.lax.stop_gradient(teacher_logits_fn(teacher, batch))
 
         def objective(p):
+            logits = logits_fn(p, batch) if rng is None else logits_fn(p, batch, rng)
             return loss_and_metrics(
-                logits_fn(p, batch), batch, loss_config=loss_config, teacher_logits=teacher_logits
+                logits, batch, loss_config=loss_config, teacher_logits=teacher_logits
             )
 
         grads, metrics = jax.grad(objective, has_aux=True)(params)
@@ -266,7 +276,9 @@ def make_train_step(
         return params, opt_state, metrics
 
     jitted = jax.jit(step, donate_argnums=(0, 1))
-    return lambda params, opt_state, batch: jitted(params, opt_state, batch, teacher_params)
+    return lambda params, opt_state, batch, rng=None: jitted(
+        params, opt_state, batch, teacher_params, rng
+    )
 
 
 def make_eval_step(logits_fn: LogitsFn) -> Callable:

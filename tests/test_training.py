@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -186,3 +187,54 @@ def test_distillation_pulls_the_student_to_the_teacher():
             training.make_optimizer(),
             loss_config=training.LossConfig(distill_weight=0.5),
         )
+
+
+def test_dropout_is_training_only_reproducible_and_keeps_the_expected_fraction():
+    batch = _copy_batch()
+    config = dataclasses.replace(TINY_T5, dropout_rate=0.3)
+    params = t5.init_params(TINY_T5, jax.random.key(0))
+    logits = jax.jit(training.logits_fn_for(config))
+    plain = jax.jit(training.logits_fn_for(TINY_T5))(params, batch)
+    # no key (evaluation, and every decode): the rate changes nothing
+    np.testing.assert_array_equal(logits(params, batch), plain)
+    key = jax.random.key(3)
+    dropped = logits(params, batch, key)
+    np.testing.assert_array_equal(dropped, logits(params, batch, key))  # same key, same mask
+    assert not np.allclose(dropped, plain)
+    assert not np.allclose(dropped, logits(params, batch, jax.random.key(4)))
+    # the cached decoder never drops, whatever the rate
+    cache = t5.init_cache(config, params, batch["encoder_input_tokens"], max_decode_len=4)
+    cache_plain = t5.init_cache(TINY_T5, params, batch["encoder_input_tokens"], max_decode_len=4)
+    step_tokens = jnp.asarray(batch["decoder_input_tokens"][:, :1])
+    np.testing.assert_array_equal(
+        t5.forward(config, params, cache, step_tokens)[0],
+        t5.forward(TINY_T5, params, cache_plain, step_tokens)[0],
+    )
+    # inverted dropout: the kept fraction is 1 - rate and the mean is preserved
+    ones = jnp.ones((200, 500), jnp.float32)
+    out = np.asarray(t5._Dropout(0.3, jax.random.key(5))(ones))
+    assert abs((out == 0).mean() - 0.3) < 0.01
+    assert abs(out.mean() - 1.0) < 0.02
+    with pytest.raises(ValueError, match="dropout_rate"):
+        t5._Dropout(1.0, key)
+
+
+def test_train_step_with_dropout_still_learns_and_depends_on_the_key():
+    batch = _copy_batch()
+    config = dataclasses.replace(TINY_T5, dropout_rate=0.1)
+    optimizer = training.make_optimizer(learning_rate=1e-2, warmup_steps=5, schedule="constant")
+    step = training.make_train_step(training.logits_fn_for(config), optimizer)
+    params = t5.init_params(config, jax.random.key(0))
+    opt_state = optimizer.init(params)
+    losses = []
+    for i in range(120):
+        params, opt_state, metrics = step(params, opt_state, batch, jax.random.key(i))
+        losses.append(float(metrics["loss"]))
+    assert losses[0] > 2.0 and np.mean(losses[-10:]) < 0.5
+    evaluated = training.make_eval_step(training.logits_fn_for(config))(params, batch)
+    assert float(evaluated["accuracy"]) == 1.0  # evaluation is deterministic (no key)
+    copy = jax.tree.map(jnp.copy, params)
+    state_copy = jax.tree.map(jnp.copy, opt_state)
+    _, _, a = step(params, opt_state, batch, jax.random.key(1000))
+    _, _, b = step(copy, state_copy, batch, jax.random.key(1001))
+    assert float(a["loss"]) != float(b["loss"])

@@ -51,7 +51,9 @@ class T5Config:
     head_dim: int = 64  # per-head width D (H * D need not equal E)
     mlp_dim: int = 1024  # MLP hidden width F
     mlp_activations: tuple[str, ...] = ("gelu", "linear")  # T5 1.1 gated-GELU
-    dropout_rate: float = 0.0  # kept for T5X compatibility; this module is inference-only
+    dropout_rate: float = (
+        0.0  # training only: ``score(..., dropout_rng=key)``; decoding never drops
+    )
     logits_via_embedding: bool = False  # T5 1.1: separate decoder/logits_dense
     dtype: str = "float32"  # activation dtype ("float32" or "bfloat16"); params may be f32
 
@@ -140,11 +142,46 @@ def _init_decoder(config: T5Config, key) -> dict:
     return tree
 
 
+# --------------------------------------------------------------------------- dropout
+
+
+class _Dropout:
+    """Inverted dropout at ``rate`` with a fresh key per call (``fold_in`` a counter);
+    the identity when ``rate`` is 0 or ``key`` is None (inference, evaluation)."""
+
+    def __init__(self, rate: float, key: jax.Array | None):
+        if not 0.0 <= rate < 1.0:
+            raise ValueError(f"dropout_rate must be in [0, 1), got {rate}")
+        self.rate, self.key, self.calls = rate, key, 0
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        if self.key is None or self.rate == 0.0:
+            return x
+        self.calls += 1
+        keep = jax.random.bernoulli(
+            jax.random.fold_in(self.key, self.calls), 1.0 - self.rate, x.shape
+        )
+        return jnp.where(keep, x / (1.0 - self.rate), 0.0).astype(x.dtype)
+
+
+_NO_DROPOUT = _Dropout(0.0, None)
+
+
 # --------------------------------------------------------------------------- encoder
 
 
-def encode(config: T5Config, params: Params, encoder_input_tokens: jax.Array) -> jax.Array:
-    """Encoder stack: tokens int32[B, S] (0 = padding) -> encoded [B, S, E] in config dtype."""
+def encode(
+    config: T5Config,
+    params: Params,
+    encoder_input_tokens: jax.Array,
+    *,
+    dropout: _Dropout | None = None,
+) -> jax.Array:
+    """Encoder stack: tokens int32[B, S] (0 = padding) -> encoded [B, S, E] in config dtype.
+
+    ``dropout`` (training only, :func:`score`): T5X's places — the embeddings, each
+    sublayer's output before its residual add, and the final norm's output."""
+    drop = dropout or _NO_DROPOUT
     dtype = config.activation_dtype
     enc = params["encoder"]
     valid = encoder_input_tokens > 0  # [B, S]
@@ -157,16 +194,16 @@ def encode(config: T5Config, params: Params, encoder_input_tokens: jax.Array) ->
         max_distance=MAX_DISTANCE,
     )[None]  # [1, H, S, S]
     bias = bias + layers.mask_to_bias(layers.attention_mask(valid, valid))  # [B, H, S, S]
-    x = layers.embed(params["token_embedder"]["embedding"], encoder_input_tokens, dtype=dtype)
+    x = drop(layers.embed(params["token_embedder"]["embedding"], encoder_input_tokens, dtype=dtype))
     for i in range(config.num_encoder_layers):
         layer = enc[f"layers_{i}"]
         h = layers.rms_norm(layer["pre_attention_layer_norm"], x)
-        x = x + layers.multi_head_attention(
-            layer["attention"], h, h, bias, num_heads=config.num_heads
+        x = x + drop(
+            layers.multi_head_attention(layer["attention"], h, h, bias, num_heads=config.num_heads)
         )
         h = layers.rms_norm(layer["pre_mlp_layer_norm"], x)
-        x = x + layers.mlp(layer["mlp"], h, activations=config.mlp_activations)
-    return layers.rms_norm(enc["encoder_norm"], x)
+        x = x + drop(layers.mlp(layer["mlp"], h, activations=config.mlp_activations))
+    return drop(layers.rms_norm(enc["encoder_norm"], x))
 
 
 # --------------------------------------------------------------------------- decoder
@@ -179,24 +216,30 @@ def _cross_and_mlp(
     cross_key: jax.Array,
     cross_value: jax.Array,
     cross_bias: jax.Array,
+    drop: _Dropout | None = None,
 ) -> jax.Array:
     """The part of a decoder layer after self-attention: x [B, T, E] -> [B, T, E]."""
+    drop = drop or _NO_DROPOUT
     h = layers.rms_norm(layer["pre_cross_attention_layer_norm"], x)
-    x = x + layers.cross_attention(
-        layer["encoder_decoder_attention"],
-        h,
-        cross_key,
-        cross_value,
-        cross_bias,
-        num_heads=config.num_heads,
+    x = x + drop(
+        layers.cross_attention(
+            layer["encoder_decoder_attention"],
+            h,
+            cross_key,
+            cross_value,
+            cross_bias,
+            num_heads=config.num_heads,
+        )
     )
     h = layers.rms_norm(layer["pre_mlp_layer_norm"], x)
-    return x + layers.mlp(layer["mlp"], h, activations=config.mlp_activations)
+    return x + drop(layers.mlp(layer["mlp"], h, activations=config.mlp_activations))
 
 
-def _logits(config: T5Config, params: Params, x: jax.Array) -> jax.Array:
+def _logits(
+    config: T5Config, params: Params, x: jax.Array, drop: _Dropout | None = None
+) -> jax.Array:
     """Final norm and vocabulary projection: x [B, T, E] -> float32 logits [B, T, V]."""
-    y = layers.rms_norm(params["decoder"]["decoder_norm"], x)
+    y = (drop or _NO_DROPOUT)(layers.rms_norm(params["decoder"]["decoder_norm"], x))
     if config.logits_via_embedding:
         logits = layers.attend(params["token_embedder"]["embedding"], y)
         return logits / jnp.sqrt(jnp.float32(y.shape[-1]))
@@ -221,16 +264,21 @@ def score(
     encoder_input_tokens: jax.Array,
     decoder_input_tokens: jax.Array,
     decoder_target_tokens: jax.Array,
+    *,
+    dropout_rng: jax.Array | None = None,
 ) -> jax.Array:
-    """Teacher-forced logits, as T5X's ``Transformer.__call__`` without dropout.
+    """Teacher-forced logits, as T5X's ``Transformer.__call__``.
 
     encoder_input_tokens int32[B, S]; decoder_input_tokens, decoder_target_tokens
     int32[B, T] (0 = padding; masks come from tokens > 0) -> float32 logits [B, T, V].
-    Logits at padded target positions are meaningless.
+    Logits at padded target positions are meaningless. With ``dropout_rng`` (training)
+    and ``config.dropout_rate > 0``, dropout at T5X's places (embeddings, every
+    sublayer's output, the final norms; not inside the MLP); without it, deterministic.
     """
     dtype = config.activation_dtype
     dec = params["decoder"]
-    encoded = encode(config, params, encoder_input_tokens)
+    drop = _Dropout(config.dropout_rate, dropout_rng)
+    encoded = encode(config, params, encoder_input_tokens, dropout=drop)
     target_valid = decoder_target_tokens > 0  # [B, T]
     positions = jnp.arange(decoder_input_tokens.shape[1])
     self_bias = layers.relative_position_bias(
@@ -248,15 +296,17 @@ def score(
         layers.attention_mask(target_valid, encoder_input_tokens > 0)
     )  # [B, 1, T, S]
     cross_keys, cross_values = _cross_kv(config, params, encoded)
-    x = layers.embed(params["token_embedder"]["embedding"], decoder_input_tokens, dtype=dtype)
+    x = drop(layers.embed(params["token_embedder"]["embedding"], decoder_input_tokens, dtype=dtype))
     for i in range(config.num_decoder_layers):
         layer = dec[f"layers_{i}"]
         h = layers.rms_norm(layer["pre_self_attention_layer_norm"], x)
-        x = x + layers.multi_head_attention(
-            layer["self_attention"], h, h, self_bias, num_heads=config.num_heads
+        x = x + drop(
+            layers.multi_head_attention(
+                layer["self_attention"], h, h, self_bias, num_heads=config.num_heads
+            )
         )
-        x = _cross_and_mlp(config, layer, x, cross_keys[i], cross_values[i], cross_bias)
-    return _logits(config, params, x)
+        x = _cross_and_mlp(config, layer, x, cross_keys[i], cross_values[i], cross_bias, drop)
+    return _logits(config, params, x, drop)
 
 
 # ------------------------------------------------------------------- cached decoding
