@@ -138,11 +138,11 @@ def step_costs(
     prompt = np.zeros((batch, 1), np.int32)
 
     def timer(model, k):
+        step = jax.jit(model.forward)
         cache = model.new_cache(encoder, batch, 8 + max_k)
-        _, cache = jax.jit(model.forward)(cache, prompt)  # the start token, as a decode would
+        _, cache = step(cache, prompt)  # the start token, as a decode would
         tokens = np.full((batch, k), 5, np.int32)
         if not in_loop:
-            step = jax.jit(model.forward)
             return _median_time(lambda: step(cache, tokens)[0])
         start = cache.lengths
 

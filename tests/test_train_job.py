@@ -34,13 +34,19 @@ PAIRS = [
 ]
 
 
-@pytest.fixture
-def tiny_config(tmp_path) -> pathlib.Path:
+def _write_tiny_data(tmp_path) -> pathlib.Path:
+    """PAIRS as the train, validation and test TSV splits of tmp_path/data."""
     data = tmp_path / "data"
     data.mkdir()
     lines = "".join(f"{en}\t{de}\n" for en, de in PAIRS)
     for split in ("train", "validation", "test"):
         (data / f"{split}.tsv").write_text(lines, encoding="utf-8")
+    return data
+
+
+@pytest.fixture
+def tiny_config(tmp_path) -> pathlib.Path:
+    data = _write_tiny_data(tmp_path)
     path = tmp_path / "tiny.yaml"
     path.write_text(TINY_YAML.format(data=data, out=tmp_path), encoding="utf-8")
     return path
@@ -260,25 +266,29 @@ def test_lm_source_rejects_an_unknown_side(tiny_config, tmp_path):
 
 
 def test_dropout_keys_follow_the_step_so_a_resumed_run_equals_an_uninterrupted_one(tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    lines = "".join(f"{en}\t{de}\n" for en, de in PAIRS)
-    for split in ("train", "validation", "test"):
-        (data / f"{split}.tsv").write_text(lines, encoding="utf-8")
-    text = TINY_YAML.replace(
+    data = _write_tiny_data(tmp_path)
+    with_dropout = TINY_YAML.replace(
         "logits_via_embedding: true", "logits_via_embedding: true, dropout_rate: 0.2"
     )
-    finals = []
-    for name, stops in (("straight", [4]), ("resumed", [2, 4])):
+    finals = {}
+    for name, text, stops in (
+        ("straight", with_dropout, [4]),
+        ("resumed", with_dropout, [2, 4]),
+        ("no_dropout", TINY_YAML, [4]),
+    ):
         out = tmp_path / name
         path = tmp_path / f"{name}.yaml"
         path.write_text(text.format(data=data, out=out), encoding="utf-8")
         model_file = configs.load_model_config(path)
-        assert model_file.model.dropout_rate == 0.2
         for stop in stops:
             trainer = train.Trainer(model_file, max_steps=stop)
             trainer.fit(resume=True, tracking_uri=f"sqlite:///{out / 'mlflow.db'}", command="t")
-        assert trainer.dropout_key(3) is not None
-        finals.append(checkpoints.load_t5x(model_file.train_dir / "checkpoint_4"))
-    for a, b in zip(jax.tree.leaves(finals[0]), jax.tree.leaves(finals[1]), strict=True):
+        assert (trainer.dropout_key(3) is None) == (name == "no_dropout")
+        finals[name] = jax.tree.leaves(checkpoints.load_t5x(model_file.train_dir / "checkpoint_4"))
+    for a, b in zip(finals["straight"], finals["resumed"], strict=True):
         np.testing.assert_array_equal(a, b)
+    # the trainer really drops: the same steps without dropout end elsewhere
+    assert any(
+        not np.array_equal(a, b)
+        for a, b in zip(finals["straight"], finals["no_dropout"], strict=True)
+    )

@@ -51,9 +51,7 @@ class T5Config:
     head_dim: int = 64  # per-head width D (H * D need not equal E)
     mlp_dim: int = 1024  # MLP hidden width F
     mlp_activations: tuple[str, ...] = ("gelu", "linear")  # T5 1.1 gated-GELU
-    dropout_rate: float = (
-        0.0  # training only: ``score(..., dropout_rng=key)``; decoding never drops
-    )
+    dropout_rate: float = 0.0  # training only (score's dropout_rng); decoding never drops
     logits_via_embedding: bool = False  # T5 1.1: separate decoder/logits_dense
     dtype: str = "float32"  # activation dtype ("float32" or "bfloat16"); params may be f32
 
@@ -175,13 +173,12 @@ def encode(
     params: Params,
     encoder_input_tokens: jax.Array,
     *,
-    dropout: _Dropout | None = None,
+    drop: _Dropout = _NO_DROPOUT,
 ) -> jax.Array:
     """Encoder stack: tokens int32[B, S] (0 = padding) -> encoded [B, S, E] in config dtype.
 
-    ``dropout`` (training only, :func:`score`): T5X's places — the embeddings, each
+    ``drop`` (training only, :func:`score`): T5X's places — the embeddings, each
     sublayer's output before its residual add, and the final norm's output."""
-    drop = dropout or _NO_DROPOUT
     dtype = config.activation_dtype
     enc = params["encoder"]
     valid = encoder_input_tokens > 0  # [B, S]
@@ -216,10 +213,9 @@ def _cross_and_mlp(
     cross_key: jax.Array,
     cross_value: jax.Array,
     cross_bias: jax.Array,
-    drop: _Dropout | None = None,
+    drop: _Dropout = _NO_DROPOUT,
 ) -> jax.Array:
     """The part of a decoder layer after self-attention: x [B, T, E] -> [B, T, E]."""
-    drop = drop or _NO_DROPOUT
     h = layers.rms_norm(layer["pre_cross_attention_layer_norm"], x)
     x = x + drop(
         layers.cross_attention(
@@ -236,10 +232,10 @@ def _cross_and_mlp(
 
 
 def _logits(
-    config: T5Config, params: Params, x: jax.Array, drop: _Dropout | None = None
+    config: T5Config, params: Params, x: jax.Array, drop: _Dropout = _NO_DROPOUT
 ) -> jax.Array:
     """Final norm and vocabulary projection: x [B, T, E] -> float32 logits [B, T, V]."""
-    y = (drop or _NO_DROPOUT)(layers.rms_norm(params["decoder"]["decoder_norm"], x))
+    y = drop(layers.rms_norm(params["decoder"]["decoder_norm"], x))
     if config.logits_via_embedding:
         logits = layers.attend(params["token_embedder"]["embedding"], y)
         return logits / jnp.sqrt(jnp.float32(y.shape[-1]))
@@ -278,7 +274,7 @@ def score(
     dtype = config.activation_dtype
     dec = params["decoder"]
     drop = _Dropout(config.dropout_rate, dropout_rng)
-    encoded = encode(config, params, encoder_input_tokens, dropout=drop)
+    encoded = encode(config, params, encoder_input_tokens, drop=drop)
     target_valid = decoder_target_tokens > 0  # [B, T]
     positions = jnp.arange(decoder_input_tokens.shape[1])
     self_bias = layers.relative_position_bias(
