@@ -8,12 +8,19 @@ For the target and each draft, on the first N full sentences of the Ding test sp
 - **α** at T=0 and T=1: E[β] along the target's own trajectories (β = Σ min(p, q) at
   every generated position; a bootstrap CI over sentences), the study's measurement;
 - **costs**: one target call on k = 1..γ+1 tokens and one draft step, timed on a real
-  prefilled cache at batch 1 and 8, as the measured loop makes them (compiled loop:
-  inside one jitted loop of calls, no per-call dispatch; host loop: one jitted call
-  from the host); c = draft step / target step at k=1;
+  prefilled cache of the decode's size (the engine's packing: 96 slots for 48 new
+  tokens) at batch 1 and 8, as the measured loop makes them (compiled loop: inside one
+  jitted loop of calls, no per-call dispatch; host loop: one jitted call from the
+  host); c = draft step / target step at k=1;
+- **loop work**: the loops' own per-step cost (sampling over V, the acceptance rule,
+  commit) timed on a free model with the real vocabulary — per token of the
+  target-only loop and per iteration of the speculative loop at each γ — and each
+  model's per-request cost (encoder + prefill);
 - **predicted speedup** for each γ from α and those costs
   (``specdec_core.theory.predicted_speedup``: γ draft steps + one target call on γ+1
-  tokens per iteration, E[tokens] = (1 − α^(γ+1))/(1 − α)), and the best γ;
+  tokens + the loop work per iteration, E[tokens] = (1 − α^(γ+1))/(1 − α), against the
+  target call + its loop work per token, with the per-request costs shared over the
+  target's measured decode steps per request), and the best γ;
 - **measured speedup**: tokens/s of in-process speculative decoding over tokens/s of
   the same target decoding alone, on the same sentences in the same run, passes
   interleaved round by round (median over rounds), at batch 1 for every γ and at
@@ -35,16 +42,18 @@ import json
 import pathlib
 import time
 
+import flax.struct
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from pipelines import models, study
 from pipelines.data import ding
-from specdec_core import theory
+from specdec_core import decoding, theory
 from specdec_core.models.api import rollback
 from specdec_core.models.bound import load_model
 from specdec_core.sampling import SamplingConfig
-from workers.batching import DecodeSettings, Request
+from workers.batching import DecodeSettings, Request, pack
 from workers.engine import InProcessEngine
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -124,10 +133,26 @@ def _median_time(fn, repeats: int = 7) -> float:
     return float(np.median(times))
 
 
+def decode_cache_len(max_new: int, gamma: int) -> int:
+    """Decoder cache slots of a decode as the engine packs it (prompt bucket included)."""
+    request = Request(id="x", prompt_tokens=(0,), encoder_tokens=(1,))
+    return pack([request], DecodeSettings(gamma=gamma, max_new_tokens=max_new)).max_len
+
+
 def step_costs(
-    target, draft, encoded, *, batch: int, max_k: int, in_loop: bool = True, repeats: int = 16
+    target,
+    draft,
+    encoded,
+    *,
+    batch: int,
+    max_k: int,
+    cache_len: int,
+    in_loop: bool = True,
+    repeats: int = 16,
 ) -> theory.StepCosts:
-    """Target call times for k = 1..max_k tokens and one draft step, on prefilled caches.
+    """Target call times for k = 1..max_k tokens and one draft step, on prefilled caches
+    of ``cache_len`` slots (attention covers every slot, so the decode's cache size
+    matters; :func:`decode_cache_len`).
 
     ``in_loop`` (the default, for the compiled loop): ``repeats`` calls inside one jitted
     ``fori_loop`` (each rolls the cache back and rewrites the same k positions), divided
@@ -139,7 +164,7 @@ def step_costs(
 
     def timer(model, k):
         step = jax.jit(model.forward)
-        cache = model.new_cache(encoder, batch, 8 + max_k)
+        cache = model.new_cache(encoder, batch, cache_len)
         _, cache = step(cache, prompt)  # the start token, as a decode would
         tokens = np.full((batch, k), 5, np.int32)
         if not in_loop:
@@ -164,22 +189,122 @@ def step_costs(
     )
 
 
-def alpha_needed(costs: theory.StepCosts, speedup: float) -> tuple[float, int] | None:
+@flax.struct.dataclass
+class _FreeCache:
+    lengths: jax.Array  # [B] int32, the model contract's one required field
+
+
+def free_model(vocab_size: int, eos_id: int):
+    """A model that costs (almost) nothing: uniform logits over the real vocabulary with
+    EOS ruled out, so a decode runs to its budget and its time is the loop's own work
+    (sampling over V, the acceptance rule, commit, rollback, the loop)."""
+    base = jnp.zeros((vocab_size,), jnp.float32).at[eos_id].set(-1e9)
+
+    def forward(cache, tokens):
+        # + 0·tokens keeps the logits a function of the input, as a real model's are.
+        logits = base + 0.0 * tokens[..., None].astype(jnp.float32)
+        return logits, cache.replace(lengths=cache.lengths + tokens.shape[1])
+
+    def new_cache(batch):
+        return _FreeCache(lengths=jnp.zeros((batch,), jnp.int32))
+
+    return forward, new_cache
+
+
+def loop_overheads(
+    vocab_size: int, gammas, *, batch: int, temperature: float, short=8, long=48, repeats=5
+) -> tuple[float, dict[int, float]]:
+    """The loops' own work, measured on :func:`free_model`: seconds per token of the
+    target-only loop and per iteration of the compiled speculative loop at each γ.
+
+    Two budgets (``short``, ``long`` tokens) and the difference of their median wall
+    times over the difference of tokens (iterations) cancel the per-request costs.
+    """
+    forward, new_cache = free_model(vocab_size, EOS)
+    sampling = SamplingConfig(temperature=temperature)
+    prompt = np.zeros((batch, 1), np.int32)
+    common = dict(
+        prompt_tokens=prompt,
+        prompt_lengths=np.ones((batch,), np.int32),
+        request_ids=np.arange(batch),
+        sampling_config=sampling,
+        eos_id=EOS,
+    )
+
+    def baseline(n):
+        return decoding.autoregressive_generate(
+            target=forward, target_cache=new_cache(batch), max_new_tokens=n, **common
+        )
+
+    def speculative(gamma):
+        def run(n):
+            return decoding.speculative_generate(
+                target=forward,
+                target_cache=new_cache(batch),
+                draft=forward,
+                draft_cache=new_cache(batch),
+                max_new_tokens=n,
+                gamma=gamma,
+                compiled=True,
+                **common,
+            )
+
+        return run
+
+    def per_unit(run, unit):
+        timed = {}
+        for n in (short, long):
+            run(n)  # compile
+            results = [run(n) for _ in range(repeats)]
+            timed[n] = (float(np.median([r.total_s for r in results])), unit(results[0]))
+        (t_short, u_short), (t_long, u_long) = timed[short], timed[long]
+        # Clamped at 0: a loop whose work is below the timer's noise costs nothing.
+        return max((t_long - t_short) / max(u_long - u_short, 1), 0.0)
+
+    per_token = per_unit(baseline, lambda r: int(r.lengths.max()))
+    per_iteration = {g: per_unit(speculative(g), lambda r: int(r.iterations.max())) for g in gammas}
+    return per_token, per_iteration
+
+
+def fixed_cost(model, encoded, *, batch: int, cache_len: int) -> float:
+    """Per-request seconds of one model before decoding: the encoder (a new cache) and
+    the prompt's prefill, as the engine runs them."""
+    encoder = padded((encoded * batch)[:batch])
+    prompt = np.zeros((batch, 16), np.int32)  # the engine's prompt bucket
+    lengths = np.ones((batch,), np.int32)
+    prefill = decoding.prefill_fn(model.forward)
+    return _median_time(
+        lambda: prefill(model.new_cache(encoder, batch, cache_len), prompt, lengths)
+    )
+
+
+def alpha_needed(
+    costs: theory.StepCosts, speedup: float, tokens_per_request: float | None = None
+) -> tuple[float, int] | None:
     """The smallest α (and its γ) whose predicted speedup at the best measured γ reaches
     ``speedup``; None if even α = 1 does not (the costs alone rule it out)."""
-    if (
-        max(theory.predicted_speedup(1.0, g, costs) for g in range(1, max(costs.target_s)))
-        < speedup
-    ):
+
+    def best(alpha):
+        gamma = theory.best_gamma(alpha, costs, tokens_per_request)
+        return theory.predicted_speedup(alpha, gamma, costs, tokens_per_request), gamma
+
+    if best(1.0)[0] < speedup:
         return None
     low, high = 0.0, 1.0
     for _ in range(40):
         mid = (low + high) / 2
-        if theory.predicted_speedup(mid, theory.best_gamma(mid, costs), costs) >= speedup:
+        if best(mid)[0] >= speedup:
             high = mid
         else:
             low = mid
-    return high, theory.best_gamma(high, costs)
+    return high, best(high)[1]
+
+
+def steps_per_batch(outputs, batch: int) -> float:
+    """Mean decode steps of the target alone per batch of ``batch`` requests: its longest
+    row's tokens (the loop runs until every row is done)."""
+    lengths = [len(g.tokens) for g in outputs]
+    return float(np.mean([max(lengths[i : i + batch]) for i in range(0, len(lengths), batch)]))
 
 
 def passes(engines: dict, requests, batch: int, rounds: int) -> dict:
@@ -289,17 +414,47 @@ def main() -> None:
         for t in TEMPERATURES
     }
     in_loop = args.loop == "compiled"  # time calls as the measured loop makes them
+    max_k = max(*gammas, 8) + 1
+    cache_len = decode_cache_len(args.max_new_tokens, max(gammas))
     costs = {
         b: step_costs(
-            target, drafts[0], encoded, batch=b, max_k=max(*gammas, 8) + 1, in_loop=in_loop
+            target, drafts[0], encoded, batch=b, max_k=max_k, cache_len=cache_len, in_loop=in_loop
         )
         for b in (1, 8)
     }
     draft_costs = {
-        (d.name, b): step_costs(d, d, encoded, batch=b, max_k=1, in_loop=in_loop).draft_step_s
+        (d.name, b): step_costs(
+            d, d, encoded, batch=b, max_k=1, cache_len=cache_len, in_loop=in_loop
+        ).draft_step_s
         for d in drafts
         for b in (1, 8)
     }
+    fixed = {
+        (m.name, b): fixed_cost(m, encoded, batch=b, cache_len=cache_len)
+        for m in (target, *drafts)
+        for b in (1, 8)
+    }
+    # The loops' own work (compiled loop only: the host loop's split is measured by the
+    # loop itself), per temperature and batch, on the free model.
+    overheads = {
+        (t, b): loop_overheads(target.vocab_size, gammas, batch=b, temperature=t)
+        if in_loop
+        else (0.0, dict.fromkeys(gammas, 0.0))
+        for t in TEMPERATURES
+        for b in (1, 8)
+    }
+
+    def full_costs(draft, t, b) -> theory.StepCosts:
+        base_overhead, iteration_overhead = overheads[t, b]
+        return theory.StepCosts(
+            target_s=costs[b].target_s,
+            draft_step_s=draft_costs[draft.name, b],
+            overhead_s=iteration_overhead,
+            baseline_overhead_s=base_overhead,
+            target_fixed_s=fixed[target.name, b],
+            draft_fixed_s=fixed[draft.name, b],
+        )
+
     rows = []
     baseline_out = None
     for i, draft in enumerate(drafts):
@@ -307,12 +462,7 @@ def main() -> None:
         for t in TEMPERATURES:
             alpha, low, high = alphas[t][i]
             alpha_c = min(max(alpha, 0.0), 1.0)
-            cost = {
-                b: theory.StepCosts(
-                    target_s=costs[b].target_s, draft_step_s=draft_costs[draft.name, b]
-                )
-                for b in (1, 8)
-            }
+            cost = {b: full_costs(draft, t, b) for b in (1, 8)}
             measured, base_out, base_tps = measure(
                 target,
                 draft,
@@ -328,7 +478,7 @@ def main() -> None:
             if t == 0.0 and baseline_out is None:
                 baseline_out = base_out
             best_measured = max(gammas, key=lambda g: measured[g]["speedup"])
-            batch8, _, base8 = measure(
+            batch8, base8_out, base8 = measure(
                 target,
                 draft,
                 requests,
@@ -340,17 +490,35 @@ def main() -> None:
                 seed=args.seed,
                 compiled=args.loop == "compiled",
             )
+            # Decode steps per request (batch 1) and per batch of 8 (its longest row) of the
+            # target alone: how many per-token costs the per-request costs share with.
+            steps = {1: steps_per_batch(base_out, 1), 8: steps_per_batch(base8_out, 8)}
             cell = {
                 "alpha": alpha,
+                "steps_per_request": steps,
+                "loop_overhead_ms": {
+                    "baseline_per_token": {b: 1e3 * cost[b].baseline_overhead_s for b in (1, 8)},
+                    "per_iteration": {
+                        b: {g: 1e3 * v for g, v in cost[b].overhead_s.items()} for b in (1, 8)
+                    },
+                },
+                "fixed_ms": {
+                    b: {
+                        "target": 1e3 * cost[b].target_fixed_s,
+                        "draft": 1e3 * cost[b].draft_fixed_s,
+                    }
+                    for b in (1, 8)
+                },
                 "alpha_ci": [low, high],
                 "c": cost[1].c,
-                "best_gamma_predicted": theory.best_gamma(alpha_c, cost[1]),
+                "best_gamma_predicted": theory.best_gamma(alpha_c, cost[1], steps[1]),
                 "best_gamma_measured": best_measured,
                 "baseline_tokens_per_s": base_tps,
                 "by_gamma": {
                     g: {
                         **measured[g],
-                        "predicted": theory.predicted_speedup(alpha_c, g, cost[1]),
+                        "predicted": theory.predicted_speedup(alpha_c, g, cost[1], steps[1]),
+                        "predicted_steps_only": theory.predicted_speedup(alpha_c, g, cost[1]),
                         "predicted_tokens_per_iteration": theory.expected_tokens(alpha_c, g),
                     }
                     for g in gammas
@@ -358,7 +526,9 @@ def main() -> None:
                 "batch8": {
                     "gamma": best_measured,
                     **batch8[best_measured],
-                    "predicted": theory.predicted_speedup(alpha_c, best_measured, cost[8]),
+                    "predicted": theory.predicted_speedup(
+                        alpha_c, best_measured, cost[8], steps[8]
+                    ),
                     "baseline_tokens_per_s": base8,
                 },
             }
@@ -403,19 +573,26 @@ def main() -> None:
     )
     report["alpha_needed"] = {}
     for draft in drafts:
-        for b in (1, 8):
-            cost = theory.StepCosts(
-                target_s=costs[b].target_s, draft_step_s=draft_costs[draft.name, b]
-            )
-            for goal in (2.0, 1.6):
-                need = alpha_needed(cost, goal)
-                report["alpha_needed"][f"{draft.name}@{b}:{goal}"] = need
-                text = (
-                    f"α ≥ {need[0]:.3f} (γ={need[1]})"
-                    if need
-                    else f"unreachable for γ ≤ {max(cost.target_s) - 1} even at α = 1"
-                )
-                print(f"cost model, {draft.name}, batch {b}: {goal}x needs {text}")
+        for t in TEMPERATURES:
+            cell = report["drafts"][draft.name]["by_t"][t]
+            for b in (1, 8):
+                cost, steps = full_costs(draft, t, b), cell["steps_per_request"][b]
+                for goal in (2.0, 1.6):
+                    need = alpha_needed(cost, goal, steps)
+                    report["alpha_needed"][f"{draft.name}@{b}:T={t:g}:{goal}"] = need
+                    text = (
+                        f"α ≥ {need[0]:.3f} (γ={need[1]})"
+                        if need
+                        else f"unreachable for γ ≤ {max(gammas)} even at α = 1"
+                    )
+                    print(f"cost model, {draft.name}, T={t:g}, batch {b}: {goal}x needs {text}")
+    for (t, b), (per_token, per_iteration) in overheads.items():
+        its = ", ".join(f"γ={g} {1e3 * v:.2f}" for g, v in per_iteration.items())
+        print(f"loop work ms, T={t:g} batch {b}: target-only {1e3 * per_token:.2f}/token; {its}")
+    print(
+        "per-request ms (encoder + prefill): "
+        + ", ".join(f"{n} b{b} {1e3 * v:.1f}" for (n, b), v in fixed.items())
+    )
     print(
         "\n| draft | T | α [95% CI] | c | batch | γ | tokens/iteration predicted / measured "
         "| predicted speedup | measured speedup (median; rounds) | identical to target |"

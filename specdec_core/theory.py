@@ -62,7 +62,22 @@ class StepCosts:
 
     target_s: Mapping[int, float]  # target call time by number of tokens k (k=1..γ+1)
     draft_step_s: float  # one draft decode step
-    overhead_s: float = 0.0  # per iteration, outside model calls (accept, commit, loop)
+    # Per speculative iteration, outside model calls (sampling the distributions, the
+    # acceptance rule, commit, the loop): one figure, or one per γ when measured per γ.
+    overhead_s: float | Mapping[int, float] = 0.0
+    baseline_overhead_s: float = 0.0  # per target-only token, outside the target call
+    # Per request, paid once: the encoder and prompt prefill of each model.
+    target_fixed_s: float = 0.0
+    draft_fixed_s: float = 0.0
+
+    def iteration_overhead_s(self, gamma: int) -> float:
+        if isinstance(self.overhead_s, Mapping):
+            if gamma not in self.overhead_s:
+                raise ValueError(
+                    f"no measured loop overhead for gamma={gamma}; have {sorted(self.overhead_s)}"
+                )
+            return self.overhead_s[gamma]
+        return self.overhead_s
 
     @property
     def c(self) -> float:
@@ -70,27 +85,45 @@ class StepCosts:
         return self.draft_step_s / self.target_s[1]
 
 
-def predicted_speedup(alpha: float, gamma: int, costs: StepCosts) -> float:
+def predicted_speedup(
+    alpha: float, gamma: int, costs: StepCosts, tokens_per_request: float | None = None
+) -> float:
     """Speedup over target-only decoding predicted from measured costs.
 
-    One iteration costs γ draft steps + one target call on γ+1 tokens + overhead and
-    yields :func:`expected_tokens` tokens; target-only decoding costs target_s[1] per
-    token. With target_s[γ+1] = target_s[1] and no overhead this is Theorem 3.8.
+    One iteration costs γ draft steps + one target call on γ+1 tokens + the loop's own
+    work and yields :func:`expected_tokens` tokens; target-only decoding costs
+    target_s[1] + baseline_overhead_s per token. With ``tokens_per_request`` the
+    per-request costs count too (both models' encoder and prefill against the target's
+    alone). With target_s[γ+1] = target_s[1] and no overheads this is Theorem 3.8.
     """
     if gamma + 1 not in costs.target_s:
         raise ValueError(
             f"no measured target time for k={gamma + 1} tokens; have k in {sorted(costs.target_s)}"
         )
-    iteration_s = gamma * costs.draft_step_s + costs.target_s[gamma + 1] + costs.overhead_s
-    return expected_tokens(alpha, gamma) * costs.target_s[1] / iteration_s
+    iteration_s = (
+        gamma * costs.draft_step_s + costs.target_s[gamma + 1] + costs.iteration_overhead_s(gamma)
+    )
+    per_token_s = iteration_s / expected_tokens(alpha, gamma)
+    baseline_token_s = costs.target_s[1] + costs.baseline_overhead_s
+    if tokens_per_request is None:
+        return baseline_token_s / per_token_s
+    if tokens_per_request <= 0:
+        raise ValueError(f"tokens_per_request must be > 0, got {tokens_per_request}")
+    n = tokens_per_request
+    return (costs.target_fixed_s + n * baseline_token_s) / (
+        costs.target_fixed_s + costs.draft_fixed_s + n * per_token_s
+    )
 
 
-def best_gamma(alpha: float, costs: StepCosts) -> int:
-    """The γ with the highest :func:`predicted_speedup` among the measured k = γ+1."""
+def best_gamma(alpha: float, costs: StepCosts, tokens_per_request: float | None = None) -> int:
+    """The γ with the highest :func:`predicted_speedup` among the measured k = γ+1 (and
+    the γ with a measured loop overhead, when it is measured per γ)."""
     gammas = [k - 1 for k in costs.target_s if k >= 2]
+    if isinstance(costs.overhead_s, Mapping):
+        gammas = [g for g in gammas if g in costs.overhead_s]
     if not gammas:
         raise ValueError("need target times for at least one k >= 2")
-    return max(gammas, key=lambda g: predicted_speedup(alpha, g, costs))
+    return max(gammas, key=lambda g: predicted_speedup(alpha, g, costs, tokens_per_request))
 
 
 def _check(alpha: float, gamma: int) -> None:

@@ -67,3 +67,25 @@ def test_cost_model_charges_verification_and_overhead():
 def test_bad_arguments_are_rejected(alpha, gamma):
     with pytest.raises(ValueError):
         theory.expected_tokens(alpha, gamma)
+
+
+def test_cost_model_charges_baseline_overhead_per_gamma_overhead_and_request_costs():
+    costs = theory.StepCosts(
+        target_s={1: 0.010, 3: 0.013, 4: 0.015},
+        draft_step_s=0.0005,
+        overhead_s={3: 0.004},
+        baseline_overhead_s=0.001,
+        target_fixed_s=0.020,
+        draft_fixed_s=0.005,
+    )
+    per_token = (3 * 0.0005 + 0.015 + 0.004) / theory.expected_tokens(0.6, 3)
+    assert theory.predicted_speedup(0.6, 3, costs) == pytest.approx(0.011 / per_token)
+    assert theory.predicted_speedup(0.6, 3, costs, tokens_per_request=20) == pytest.approx(
+        (0.020 + 20 * 0.011) / (0.025 + 20 * per_token)
+    )
+    # γ=2 has a target time but no measured overhead: it is neither predicted nor chosen.
+    with pytest.raises(ValueError, match="no measured loop overhead for gamma=2"):
+        theory.predicted_speedup(0.6, 2, costs)
+    assert theory.best_gamma(0.99, costs) == 3
+    with pytest.raises(ValueError, match="tokens_per_request"):
+        theory.predicted_speedup(0.6, 3, costs, tokens_per_request=0)
