@@ -27,6 +27,7 @@ import sys
 import numpy as np
 
 from pipelines.io import PartitionError
+from pipelines.models import DEFAULT_GAMMA
 from workers.spec import DEFAULT_DRAFT_PLACEMENT, DEFAULT_TRANSPORT, DRAFT_PLACEMENTS, TRANSPORTS
 
 
@@ -132,12 +133,12 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
     )
     add("--output", required=True, help="output JSONL")
     add("--target", default=None, help="model config name or YAML path (default ende_target)")
-    add("--draft", default=None, help="model config name or YAML path (default ende_draft_small)")
+    add("--draft", default=None, help="model config name or YAML path (default ende_draft_kd)")
     add(
         "--gamma",
         type=_ranged(int, "--gamma", low=1),
-        default=4,
-        help="drafted tokens per iteration",
+        default=DEFAULT_GAMMA,
+        help=f"drafted tokens per iteration (default {DEFAULT_GAMMA})",
     )
     add("--temperature", type=_ranged(float, "--temperature", low=0.0), default=0.0)
     add("--top-k", type=_ranged(int, "--top-k", low=0), default=0, help="0 = off")

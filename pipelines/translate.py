@@ -41,7 +41,7 @@ import apache_beam as beam
 from apache_beam.ml.inference.base import ModelHandler, RunInference
 
 from pipelines import io, job_report
-from pipelines.models import ResolvedModel
+from pipelines.models import DEFAULT_GAMMA, ResolvedModel
 from workers.batching import DecodeSettings, Generation, Request, pack
 from workers.spec import DEFAULT_DRAFT_PLACEMENT, DEFAULT_TRANSPORT, DRAFT_PLACEMENTS, TRANSPORTS
 
@@ -596,7 +596,7 @@ def make_job(
     output: str,
     target: str | None = None,
     draft: str | None = None,
-    gamma: int = 4,
+    gamma: int = DEFAULT_GAMMA,
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
