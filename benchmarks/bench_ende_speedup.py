@@ -266,15 +266,19 @@ def loop_overheads(
     return per_token, per_iteration
 
 
-def fixed_cost(model, encoded, *, batch: int, cache_len: int) -> float:
+def fixed_cost(model, requests, settings: DecodeSettings) -> float:
     """Per-request seconds of one model before decoding: the encoder (a new cache) and
-    the prompt's prefill, as the engine runs them."""
-    encoder = padded((encoded * batch)[:batch])
-    prompt = np.zeros((batch, 16), np.int32)  # the engine's prompt bucket
-    lengths = np.ones((batch,), np.int32)
+    the prompt's prefill, on the first ``settings.batch_size`` requests packed as the
+    engine packs them."""
+    packed = pack(requests[: settings.batch_size], settings)
+    rows = packed.prompt_tokens.shape[0]
     prefill = decoding.prefill_fn(model.forward)
     return _median_time(
-        lambda: prefill(model.new_cache(encoder, batch, cache_len), prompt, lengths)
+        lambda: prefill(
+            model.new_cache(packed.encoder_tokens, rows, packed.max_len),
+            packed.prompt_tokens,
+            packed.prompt_lengths,
+        )
     )
 
 
@@ -430,7 +434,11 @@ def main() -> None:
         for b in (1, 8)
     }
     fixed = {
-        (m.name, b): fixed_cost(m, encoded, batch=b, cache_len=cache_len)
+        (m.name, b): fixed_cost(
+            m,
+            requests,
+            DecodeSettings(gamma=max(gammas), max_new_tokens=args.max_new_tokens, batch_size=b),
+        )
         for m in (target, *drafts)
         for b in (1, 8)
     }

@@ -122,7 +122,10 @@ def best_gamma(alpha: float, costs: StepCosts, tokens_per_request: float | None 
     if isinstance(costs.overhead_s, Mapping):
         gammas = [g for g in gammas if g in costs.overhead_s]
     if not gammas:
-        raise ValueError("need target times for at least one k >= 2")
+        raise ValueError(
+            "need target times for at least one k >= 2 (and, when loop overheads are "
+            "given per γ, an overhead for that γ = k - 1)"
+        )
     return max(gammas, key=lambda g: predicted_speedup(alpha, g, costs, tokens_per_request))
 
 
