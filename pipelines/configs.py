@@ -60,7 +60,8 @@ class TrainConfig:
     optimizer: str = "adamw"  # "adamw" | "adafactor"
     learning_rate: float = 1e-3
     warmup_steps: int = 500
-    schedule: str = "rsqrt"  # "rsqrt" | "cosine" | "constant"
+    schedule: str = "rsqrt"  # "rsqrt" | "cosine" | "constant" | "wsd"
+    decay_steps: int = 0  # wsd: the last N steps before max_steps decay linearly to 0
     weight_decay: float = 0.0
     clip_norm: float = 1.0  # global gradient norm clip; 0 = none
     label_smoothing: float = 0.0

@@ -451,6 +451,7 @@ def _optimizer(train: configs.TrainConfig, max_steps: int):
         warmup_steps=train.warmup_steps,
         schedule=train.schedule,
         total_steps=max_steps,
+        decay_steps=train.decay_steps,
         weight_decay=train.weight_decay,
         clip_norm=train.clip_norm,
     )

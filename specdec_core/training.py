@@ -36,7 +36,7 @@ from specdec_core.models import decoder, t5
 Batch = Mapping[str, jax.Array]
 LogitsFn = Callable[..., jax.Array]  # (params, batch[, dropout rng]) -> logits [B, T, V]
 OPTIMIZERS = ("adamw", "adafactor")
-SCHEDULES = ("rsqrt", "cosine", "constant")
+SCHEDULES = ("rsqrt", "cosine", "constant", "wsd")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -185,10 +185,16 @@ def loss_and_metrics(
 
 
 def make_schedule(
-    *, learning_rate: float, warmup_steps: int, schedule: str = "rsqrt", total_steps: int = 0
+    *,
+    learning_rate: float,
+    warmup_steps: int,
+    schedule: str = "rsqrt",
+    total_steps: int = 0,
+    decay_steps: int = 0,
 ) -> optax.Schedule:
     """Linear warmup to ``learning_rate``, then ``rsqrt`` (∝ 1/√step), ``cosine`` to 0 at
-    ``total_steps``, or ``constant``."""
+    ``total_steps``, ``constant``, or ``wsd`` (warmup-stable-decay): constant, then linear
+    to 0 over the last ``decay_steps`` steps before ``total_steps``."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     warmup_steps = max(int(warmup_steps), 1)
@@ -199,6 +205,20 @@ def make_schedule(
         # join_schedules passes steps counted from the end of the warmup (negative before)
         decay = lambda step: (
             learning_rate * jnp.sqrt(warmup_steps / jnp.maximum(step + warmup_steps, warmup_steps))
+        )
+    elif schedule == "wsd":
+        if not 0 < decay_steps <= total_steps - warmup_steps:
+            raise ValueError(
+                f"wsd needs 0 < decay_steps <= total_steps - warmup_steps, got decay_steps "
+                f"{decay_steps}, total_steps {total_steps}, warmup_steps {warmup_steps}"
+            )
+        stable = total_steps - warmup_steps - decay_steps
+        decay = optax.join_schedules(
+            [
+                optax.constant_schedule(learning_rate),
+                optax.linear_schedule(learning_rate, 0.0, decay_steps),
+            ],
+            [stable],
         )
     else:
         if total_steps <= warmup_steps:
@@ -214,6 +234,7 @@ def make_optimizer(
     warmup_steps: int = 1000,
     schedule: str = "rsqrt",
     total_steps: int = 0,
+    decay_steps: int = 0,
     weight_decay: float = 0.0,
     b1: float = 0.9,
     b2: float = 0.98,
@@ -227,6 +248,7 @@ def make_optimizer(
         warmup_steps=warmup_steps,
         schedule=schedule,
         total_steps=total_steps,
+        decay_steps=decay_steps,
     )
     if name == "adamw":
         core = optax.adamw(lr, b1=b1, b2=b2, weight_decay=weight_decay)

@@ -100,8 +100,20 @@ def test_schedules_warm_up_then_decay():
         learning_rate=1e-3, warmup_steps=10, schedule="cosine", total_steps=110
     )
     np.testing.assert_allclose([cosine(10), cosine(60), cosine(110)], [1e-3, 5e-4, 0.0], atol=1e-9)
+    wsd = training.make_schedule(
+        learning_rate=1e-3, warmup_steps=10, schedule="wsd", total_steps=110, decay_steps=40
+    )
+    np.testing.assert_allclose(
+        [wsd(5), wsd(10), wsd(70), wsd(90), wsd(110), wsd(200)],
+        [5e-4, 1e-3, 1e-3, 5e-4, 0.0, 0.0],
+        atol=1e-9,
+    )
     with pytest.raises(ValueError, match="schedule must be one of"):
         training.make_schedule(learning_rate=1e-3, warmup_steps=1, schedule="linear")
+    with pytest.raises(ValueError, match="wsd needs 0 < decay_steps"):
+        training.make_schedule(
+            learning_rate=1e-3, warmup_steps=10, schedule="wsd", total_steps=40, decay_steps=40
+        )
 
 
 def _copy_batch():
