@@ -54,15 +54,24 @@ def tiny_config(tmp_path) -> pathlib.Path:
 
 def test_committed_model_configs_load_with_the_vocabulary_size():
     sizes = {}
-    for name in ("ende_target", "ende_draft_small", "ende_draft_base"):
+    names = ("ende_target", "ende_draft_small", "ende_draft_base", "ende_draft_large")
+    for name in (*names, "ende_draft_distill", "ende_draft_kd"):
         loaded = configs.load_model_config(REPO_ROOT / "configs" / "models" / f"{name}.yaml")
         assert loaded.name == name
         assert loaded.model.vocab_size == 8000
         assert loaded.export_dir == REPO_ROOT / "assets" / "checkpoints" / name
         sizes[name] = configs.param_count(loaded.model)
-    assert sizes["ende_draft_small"] < sizes["ende_draft_base"] < sizes["ende_target"] / 5
-    # all three in bfloat16 fit the 60 MB budget for committed checkpoints
-    assert 2 * sum(sizes.values()) < 60e6
+    # the paper's small / base / large drafts in miniature, each far below the target
+    ladder = [sizes[name] for name in names[1:]]
+    assert ladder == sorted(ladder) and len(set(ladder)) == 3
+    assert ladder[-1] < sizes["ende_target"] / 5
+
+
+def test_committed_ende_checkpoints_fit_the_60_mb_budget():
+    folders = sorted((REPO_ROOT / "assets" / "checkpoints").glob("ende_*"))
+    assert {f.name for f in folders} >= {"ende_target", "ende_draft_small", "ende_draft_large"}
+    total = sum(p.stat().st_size for f in folders for p in f.rglob("*") if p.is_file())
+    assert total <= 60e6, f"committed En-De checkpoints take {total / 1e6:.1f} MB"
 
 
 def test_committed_english_lm_configs_are_decoder_pairs_within_30_mb():
