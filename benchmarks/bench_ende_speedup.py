@@ -31,7 +31,7 @@ For the target and each draft, on the first N full sentences of the Ding test sp
 Usage (the numbers in BENCHMARKS.md §6 came from the default):
 
     .venv/bin/python benchmarks/bench_ende_speedup.py [--sentences 24] [--rounds 2]
-        [--target ende_target] [--drafts ende_draft_small,ende_draft_base]
+        [--target ende_target] [--drafts ende_draft_large,ende_draft_kd]
         [--gammas 1,2,3,5] [--loop compiled|host] [--json runs/bench/ende_speedup.json]
 """
 
@@ -372,7 +372,7 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--target", default="ende_target")
-    parser.add_argument("--drafts", default="ende_draft_small,ende_draft_base")
+    parser.add_argument("--drafts", default="ende_draft_large,ende_draft_kd")
     parser.add_argument("--gammas", default="1,2,3,5")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
