@@ -37,7 +37,8 @@ models: $(STAMP)
 	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_base.yaml --resume
 	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_distill.yaml --resume
 	test -f runs/kd/ende_target/kd.json || $(BIN)/python -m pipelines.kd_data \
-	    --teacher-config configs/models/ende_target.yaml --output runs/kd/ende_target --limit 8000
+	    --teacher-config configs/models/ende_target.yaml --output runs/kd/ende_target --limit 8000 \
+	    --teacher-checkpoint assets/checkpoints/ende_target
 	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_kd.yaml --resume
 	test -f runs/kd/ende_target_full/kd.json || $(BIN)/python -m pipelines.kd_data \
 	    --teacher-config configs/models/ende_target.yaml --output runs/kd/ende_target_full --batch-size 64 \

@@ -28,7 +28,7 @@ For the target and each draft, on the first N full sentences of the Ding test sp
   call by default, as the target-only loop is (``--loop host``: one host round trip per
   iteration, the loop the Ray coordinator drives).
 
-Usage (the numbers in BENCHMARKS.md §6 came from the default):
+Usage (each run in BENCHMARKS.md §6 gives its command):
 
     .venv/bin/python benchmarks/bench_ende_speedup.py [--sentences 24] [--rounds 2]
         [--target ende_target] [--drafts ende_draft_large,ende_draft_kd]

@@ -27,7 +27,7 @@ import sys
 import numpy as np
 
 from pipelines.io import PartitionError
-from pipelines.models import DEFAULT_GAMMA
+from pipelines.models import DEFAULT_DRAFT, DEFAULT_GAMMA, DEFAULT_TARGET
 from workers.spec import DEFAULT_DRAFT_PLACEMENT, DEFAULT_TRANSPORT, DRAFT_PLACEMENTS, TRANSPORTS
 
 
@@ -132,8 +132,8 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
         "--input", required=True, help="text, TSV (source<TAB>reference), JSONL or seqio:TASK:SPLIT"
     )
     add("--output", required=True, help="output JSONL")
-    add("--target", default=None, help="model config name or YAML path (default ende_target)")
-    add("--draft", default=None, help="model config name or YAML path (default ende_draft_kd)")
+    add("--target", default=None, help=f"model config name or YAML path (default {DEFAULT_TARGET})")
+    add("--draft", default=None, help=f"model config name or YAML path (default {DEFAULT_DRAFT})")
     add(
         "--gamma",
         type=_ranged(int, "--gamma", low=1),
