@@ -79,14 +79,20 @@ def _demo(args: argparse.Namespace) -> int:
     print("compiling ...", file=sys.stderr, flush=True)
     run_both()
     base, spec = run_both()
-    alpha = float(spec.accepted.sum() / spec.drafted.sum())
+    alpha = theory.empirical_alpha(
+        int(spec.accepted.sum()),
+        int(spec.iterations.sum()),
+        int(spec.accepted_by_position[:, -1].sum()),
+    )
     summary = {
         "speedup": base.total_s / spec.total_s,
         "alpha": alpha,
         "mean_accepted_length": float(
             (spec.accepted.sum() + spec.iterations.sum()) / spec.iterations.sum()
         ),
-        "predicted_tokens_per_iteration": theory.expected_tokens(min(alpha, 1.0), args.gamma),
+        "predicted_tokens_per_iteration": theory.expected_tokens(min(alpha, 1.0), args.gamma)
+        if alpha is not None
+        else None,
         "tokens_per_s": float(spec.lengths.sum() / spec.total_s),
         "baseline_tokens_per_s": float(base.lengths.sum() / base.total_s),
         "identical_to_baseline": bool((spec.tokens == base.tokens).all())

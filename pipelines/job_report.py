@@ -106,7 +106,10 @@ def compute_summary(
     drafted = sum(row["drafted"] for row in rows)
     accepted = sum(row["accepted"] for row in rows)
     spec_s = _wall_s(rows, "wall_ms")
-    alpha = accepted / drafted if drafted else None
+    fully_accepted = sum(
+        row["accepted_by_position"][-1] for row in rows if row["accepted_by_position"]
+    )
+    alpha = theory.empirical_alpha(accepted, iterations, fully_accepted) if drafted else None
     summary: dict[str, Any] = {
         "records_in": records_in,
         "records_out": len(rows),
@@ -116,6 +119,7 @@ def compute_summary(
         },
         "speedup": None,
         "alpha": alpha,
+        "accepted_per_drafted": accepted / drafted if drafted else None,
         "mean_accepted_length": (accepted + iterations) / iterations if iterations else None,
         "predicted_tokens_per_iteration": (
             theory.expected_tokens(min(alpha, 1.0), settings.gamma) if alpha is not None else None
@@ -184,7 +188,8 @@ def resolved_config(job: JobConfig) -> dict[str, Any]:
 
 def _numeric_metrics(summary: dict[str, Any], traffic: dict | None) -> dict[str, float]:
     keys = (
-        "records_in records_out records_failed speedup alpha mean_accepted_length "
+        "records_in records_out records_failed speedup alpha accepted_per_drafted "
+        "mean_accepted_length "
         "predicted_tokens_per_iteration c_estimate tokens tokens_per_s baseline_tokens_per_s "
         "decode_s bleu rouge1 rouge2 rougeL"
     ).split()
@@ -285,7 +290,8 @@ def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
         ("speedup (tokens/s ratio)", _fmt(summary["speedup"])),
         ("tokens/s speculative", _fmt(summary["tokens_per_s"])),
         ("tokens/s target alone", _fmt(summary["baseline_tokens_per_s"])),
-        ("acceptance rate α", _fmt(summary["alpha"])),
+        ("acceptance rate α (ML)", _fmt(summary["alpha"])),
+        ("  accepted / drafted", _fmt(summary["accepted_per_drafted"])),
         ("tokens per iteration", _fmt(summary["mean_accepted_length"])),
         ("  predicted from α", _fmt(summary["predicted_tokens_per_iteration"])),
         ("acceptance by position", _fmt(summary["acceptance_by_position"])),

@@ -835,7 +835,7 @@ def speculative_counts(
 
     tests = accepted + rejections; rejections = iterations that did not accept all γ.
     """
-    from specdec_core import decoding
+    from specdec_core import decoding, theory
 
     batch_size, prompt_len = batch.prompt_tokens.shape
     max_len = prompt_len + settings.max_new_tokens + gamma + 2
@@ -856,7 +856,7 @@ def speculative_counts(
     full = result.accepted_by_position[:, gamma - 1]  # [B] iterations that accepted all γ
     counts = {
         "accepted": result.accepted,
-        "tests": result.accepted + result.iterations - full,
+        "tests": theory.acceptance_tests(result.accepted, result.iterations, full),
         "iterations": result.iterations,
         "drafted": result.drafted,
     }

@@ -29,6 +29,25 @@ def alpha(target_probs, draft_probs) -> float:
     return float(jnp.mean(beta(target_probs, draft_probs)))
 
 
+def acceptance_tests(accepted, iterations, fully_accepted):
+    """Acceptance tests run by speculative iterations: accepted + rejections.
+
+    Algorithm 1 tests drafted positions in order until the first rejection, so an
+    iteration rejects exactly once unless it accepted all γ (``fully_accepted``: the
+    count at the last draft position). Works on counts or arrays of counts.
+    """
+    return accepted + iterations - fully_accepted
+
+
+def empirical_alpha(accepted: int, iterations: int, fully_accepted: int) -> float | None:
+    """α̂ = accepted / tests, the maximum-likelihood α of the paper's model (each test
+    accepts with the same probability α) from speculative runs' counts; None without
+    tests. Not ``accepted / drafted``: positions after a rejection are never tested,
+    so that ratio is below α for γ > 1 (it is (τ − 1)/γ)."""
+    tests = acceptance_tests(accepted, iterations, fully_accepted)
+    return float(accepted / tests) if tests else None
+
+
 def expected_tokens(alpha: float, gamma: int) -> float:
     """Expected tokens per iteration, (1 − α^(γ+1)) / (1 − α) (Equation 1); γ+1 at α = 1."""
     _check(alpha, gamma)

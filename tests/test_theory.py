@@ -89,3 +89,22 @@ def test_cost_model_charges_baseline_overhead_per_gamma_overhead_and_request_cos
     assert theory.best_gamma(0.99, costs) == 3
     with pytest.raises(ValueError, match="tokens_per_request"):
         theory.predicted_speedup(0.6, 3, costs, tokens_per_request=0)
+
+
+def test_empirical_alpha_recovers_alpha_where_accepted_per_drafted_does_not():
+    # Algorithm 1 under the paper's model: each of γ tests accepts with probability α,
+    # until the first rejection. 20,000 iterations at α = 0.6, γ = 4.
+    rng = np.random.default_rng(0)
+    alpha, gamma, iterations = 0.6, 4, 20_000
+    accepts = rng.random((iterations, gamma)) < alpha
+    n_accepted = np.where(accepts.all(1), gamma, np.argmin(accepts, 1))  # leading run
+    accepted, full = int(n_accepted.sum()), int((n_accepted == gamma).sum())
+    estimate = theory.empirical_alpha(accepted, iterations, full)
+    assert estimate == pytest.approx(alpha, abs=0.01)  # sd ≈ 0.0023 over ~43,500 tests
+    per_drafted = accepted / (gamma * iterations)
+    expected = (theory.expected_tokens(alpha, gamma) - 1) / gamma  # (τ − 1) / γ
+    assert per_drafted == pytest.approx(expected, abs=0.01)
+    assert per_drafted < alpha - 0.15  # the biased ratio is far below α at γ = 4
+    assert theory.acceptance_tests(accepted, iterations, full) == accepted + iterations - full
+    assert theory.empirical_alpha(0, 0, 0) is None
+    assert theory.empirical_alpha(3, 3, 3) == 1.0  # every test accepted

@@ -48,7 +48,8 @@ GAMMA, BATCH, MAX_NEW, SEED = 3, 4, 8, 7
 PRESET = "t5_tiny_test:vocab_size=8000"  # for the CLI error tests (random init)
 DRAFT_NOISE = 0.1  # × each tensor's std
 SUMMARY_KEYS = set(
-    "records_in records_out records_failed speedup alpha mean_accepted_length tokens_per_s "
+    "records_in records_out records_failed speedup alpha accepted_per_drafted "
+    "mean_accepted_length tokens_per_s "
     "baseline_tokens_per_s bleu identical_to_baseline mlflow_run_id".split()
 )
 ROW_KEYS = {"id", "source", "output", "reference", "tokens", "iterations", "accepted", "wall_ms"}
@@ -186,7 +187,11 @@ def test_greedy_job_writes_every_record_and_equals_the_baseline(run_job):
     iterations = sum(r["iterations"] for r in job.rows.values())
     assert (summary["records_in"], summary["records_out"], summary["records_failed"]) == (20, 20, 0)
     assert summary["identical_to_baseline"] is True
-    assert summary["alpha"] == pytest.approx(accepted / drafted)
+    full = sum(r["accepted_by_position"][-1] for r in job.rows.values())
+    assert summary["alpha"] == pytest.approx(accepted / (accepted + iterations - full))
+    assert summary["accepted_per_drafted"] == pytest.approx(accepted / drafted)
+    # drafted counts the positions after a rejection, which are never tested
+    assert summary["accepted_per_drafted"] <= summary["alpha"]
     assert 0.1 < summary["alpha"] < 0.9  # the noisy draft: often, not always, accepted
     assert summary["mean_accepted_length"] == pytest.approx((accepted + iterations) / iterations)
     assert summary["speedup"] == pytest.approx(
@@ -542,7 +547,9 @@ def test_summary_figures_from_rows():
     assert summary["tokens_per_s"] == pytest.approx(12 / 0.18)  # batches a (100 ms) + b (80 ms)
     assert summary["baseline_tokens_per_s"] == pytest.approx(12 / 0.4)
     assert summary["speedup"] == pytest.approx((12 / 0.18) / (12 / 0.4))
-    assert summary["alpha"] == pytest.approx(7 / 15)
+    # 7 accepted in 5 iterations, 1 of which accepted all 3: 7 + (5 - 1) rejections = 11 tests
+    assert summary["alpha"] == pytest.approx(7 / 11)
+    assert summary["accepted_per_drafted"] == pytest.approx(7 / 15)
     assert summary["mean_accepted_length"] == pytest.approx((7 + 5) / 5)
     assert summary["acceptance_by_position"] == pytest.approx([0.8, 0.4, 0.2])
     # One target step 0.4 s / (6 + 2) steps; one iteration 0.18 s / (2 + 1) = γ·c·t + t.
