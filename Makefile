@@ -27,22 +27,19 @@ ui: $(STAMP)
 	$(BIN)/specdec ui
 
 ## Retrain the embedded En->De pair (target + two drafts, then the small draft distilled
-## from the target: on the reference German, then on the target's own translations,
-## which pipelines.kd_data writes to runs/kd/, then the large draft on the target's
-## translations of every training sentence); resumable: rerun to continue from runs/train/ (see
+## from the target: on the reference German, then on the target's own translations
+## of every training sentence, which pipelines.kd_data writes to runs/kd/, then the large
+## draft on the same data); resumable: rerun to continue from runs/train/ (see
 ## assets/checkpoints/README.md for steps and timings).
 models: $(STAMP)
 	$(BIN)/python -m pipelines.train --config configs/models/ende_target.yaml --resume
 	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_small.yaml --resume
 	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_base.yaml --resume
 	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_distill.yaml --resume
-	test -f runs/kd/ende_target/kd.json || $(BIN)/python -m pipelines.kd_data \
-	    --teacher-config configs/models/ende_target.yaml --output runs/kd/ende_target --limit 8000 \
-	    --teacher-checkpoint assets/checkpoints/ende_target
-	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_kd.yaml --resume
 	test -f runs/kd/ende_target_full/kd.json || $(BIN)/python -m pipelines.kd_data \
 	    --teacher-config configs/models/ende_target.yaml --output runs/kd/ende_target_full --batch-size 64 \
 	    --teacher-checkpoint assets/checkpoints/ende_target
+	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_kd.yaml --resume
 	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_large.yaml --resume
 
 ## Train the English decoder-only pairs of the acceptance study (GPT-like, LaMDA-style;
