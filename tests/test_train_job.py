@@ -3,6 +3,7 @@ end to end on a tiny model and a tiny TSV corpus: checkpoints, export, resume.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pathlib
 
@@ -65,6 +66,20 @@ def test_committed_model_configs_load_with_the_vocabulary_size():
     ladder = [sizes[name] for name in names[1:]]
     assert ladder == sorted(ladder) and len(set(ladder)) == 3
     assert ladder[-1] < sizes["ende_target"] / 5
+
+
+def test_experiment_configs_load_and_never_write_into_assets():
+    paths = sorted((REPO_ROOT / "configs" / "experiments").glob("*.yaml"))
+    assert paths, "configs/experiments/ holds the documented training experiments"
+    for path in paths:
+        loaded = configs.load_model_config(path)
+        assert loaded.name == path.stem
+        assert (REPO_ROOT / "assets") not in loaded.export_dir.parents  # only runs/ is written
+    reg = configs.load_model_config(REPO_ROOT / "configs" / "experiments" / "ende_target_reg.yaml")
+    target = configs.load_model_config(REPO_ROOT / "configs" / "models" / "ende_target.yaml")
+    # the same architecture as the committed target, only regularised differently
+    assert dataclasses.replace(reg.model, dropout_rate=0.1) == target.model
+    assert reg.model.dropout_rate == 0.3 and reg.train.label_smoothing == 0.1
 
 
 def test_committed_ende_checkpoints_fit_the_60_mb_budget():
