@@ -109,7 +109,7 @@ def compute_summary(
     fully_accepted = sum(
         row["accepted_by_position"][-1] for row in rows if row["accepted_by_position"]
     )
-    alpha = theory.empirical_alpha(accepted, iterations, fully_accepted) if drafted else None
+    alpha = theory.empirical_alpha(accepted, iterations, fully_accepted)  # None without tests
     summary: dict[str, Any] = {
         "records_in": records_in,
         "records_out": len(rows),
