@@ -2,7 +2,8 @@
 cost model's prediction beside every measured figure (the paper's Table 2 in miniature).
 
 For the target and each draft, on the first N full sentences of the Ding test split
-(`translate English to German: {en}` + EOS):
+(`translate English to German: {en}` + EOS; ``--split``: the bars are measured on test,
+train is a diagnostic):
 
 - **BLEU** (sacrebleu) of the target's greedy translations, with samples;
 - **α** at T=0 and T=1: E[β] along the target's own trajectories (β = Σ min(p, q) at
@@ -31,7 +32,8 @@ For the target and each draft, on the first N full sentences of the Ding test sp
 Usage (each run in BENCHMARKS.md §6 gives its command):
 
     .venv/bin/python benchmarks/bench_ende_speedup.py [--sentences 24] [--rounds 2]
-        [--target ende_target] [--drafts ende_draft_large,ende_draft_kd]
+        [--split test|validation|train] [--target ende_target]
+        [--drafts ende_draft_large,ende_draft_kd]
         [--gammas 1,2,3,5] [--loop compiled|host] [--json runs/bench/ende_speedup.json]
 """
 
@@ -61,9 +63,12 @@ PREFIX, EOS = study.T5_PREFIX, study.T5_EOS_ID  # the ding_ende task's preproces
 TEMPERATURES = (0.0, 1.0)
 
 
-def full_sentences(count: int) -> list[tuple[str, str]]:
-    """The first ``count`` full-sentence pairs of the test split (``ding.is_sentence_pair``)."""
-    pairs = ding.read_split(ding.DEFAULT_DATA_DIR, "test")
+def full_sentences(count: int, split: str = "test") -> list[tuple[str, str]]:
+    """The first ``count`` full-sentence pairs of a split (``ding.is_sentence_pair``).
+
+    The bars are measured on ``test``; ``train`` is the diagnostic of BENCHMARKS §6 (the
+    same pair on sentences the target has learnt, where it translates at BLEU 19)."""
+    pairs = ding.read_split(ding.DEFAULT_DATA_DIR, split)
     return [tuple(pair) for pair in pairs if ding.is_sentence_pair(pair)][:count]
 
 
@@ -370,6 +375,12 @@ def measure(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sentences", type=int, default=24)
+    parser.add_argument(
+        "--split",
+        choices=ding.SPLITS,
+        default="test",
+        help="Ding split the sentences come from (the bars: test; train is a diagnostic)",
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--target", default="ende_target")
     parser.add_argument("--drafts", default="ende_draft_large,ende_draft_kd")
@@ -384,10 +395,10 @@ def main() -> None:
 
     gammas = tuple(int(g) for g in args.gammas.split(","))
     processor = spm.SentencePieceProcessor(model_file=str(models.DEFAULT_VOCAB))
-    sentences = full_sentences(args.sentences)
+    sentences = full_sentences(args.sentences, args.split)
     encoded = encode(processor, sentences)
     requests = [
-        Request(id=f"test-{i}", prompt_tokens=(0,), encoder_tokens=ids)
+        Request(id=f"{args.split}-{i}", prompt_tokens=(0,), encoder_tokens=ids)
         for i, ids in enumerate(encoded)
     ]
     target, target_resolved = load(args.target, "target")
@@ -396,11 +407,12 @@ def main() -> None:
         f"target {target.name} {target.param_count() / 1e6:.2f}M "
         f"({target_resolved.spec.checkpoint}); drafts "
         + ", ".join(f"{d.name} {d.param_count() / 1e6:.2f}M" for d in drafts)
-        + f"; {len(sentences)} test sentences, batch 1 unless noted, {args.rounds} rounds, "
+        + f"; {len(sentences)} {args.split} sentences, batch 1 unless noted, {args.rounds} rounds, "
         f"{args.loop} loop"
     )
     report: dict = {
         "sentences": len(sentences),
+        "split": args.split,
         "target": target.name,
         "loop": args.loop,
         "drafts": {},
@@ -569,7 +581,7 @@ def main() -> None:
         b: {"target_k": {k: 1e3 * v for k, v in costs[b].target_s.items()}} for b in (1, 8)
     }
     report["draft_step_ms"] = {f"{n}@{b}": 1e3 * v for (n, b), v in draft_costs.items()}
-    print(f"\ntarget BLEU (greedy, {len(sentences)} test sentences): {bleu:.2f}")
+    print(f"\ntarget BLEU (greedy, {len(sentences)} {args.split} sentences): {bleu:.2f}")
     for (en, de), hyp in list(zip(sentences, hypotheses, strict=True))[:3]:
         print(f"  EN  {en}\n  REF {de}\n  OUT {hyp}")
     for b in (1, 8):

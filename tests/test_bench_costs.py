@@ -76,3 +76,14 @@ def test_decode_cache_len_is_the_engines(bench):
     # prompt bucket 16 + 48 new + γ + 2, rounded up to 32
     assert bench.decode_cache_len(48, 4) == 96
     assert bench.decode_cache_len(10, 1) == 32
+
+
+@pytest.mark.parametrize("split", ["test", "train"])
+def test_full_sentences_come_from_the_named_split(bench, split):
+    from pipelines.data import ding
+
+    pairs = bench.full_sentences(5, split)
+    assert len(pairs) == 5
+    assert all(ding.is_sentence_pair(pair) for pair in pairs)
+    other = "train" if split == "test" else "test"
+    assert set(pairs) & set(bench.full_sentences(50, other)) == set()
