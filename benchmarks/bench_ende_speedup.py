@@ -8,6 +8,8 @@ train is a diagnostic):
 - **BLEU** (sacrebleu) of the target's greedy translations, with samples;
 - **α** at T=0 and T=1: E[β] along the target's own trajectories (β = Σ min(p, q) at
   every generated position; a bootstrap CI over sentences), the study's measurement;
+- **the target's confidence**: its own (T=1) largest next-token probability, averaged
+  along the same trajectories — how sure it is of the choices a draft must match;
 - **costs**: one target call on k = 1..γ+1 tokens and one draft step, timed on a real
   prefilled cache of the decode's size (the engine's packing: 96 slots for 48 new
   tokens) at batch 1 and 8, as the measured loop makes them (compiled loop: inside one
@@ -40,6 +42,7 @@ Usage (each run in BENCHMARKS.md §6 gives its command):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import pathlib
 import time
@@ -92,8 +95,10 @@ def padded(encoded, width_multiple: int = study.ENCODER_BUCKET) -> np.ndarray:
     return out
 
 
-def alpha_per_draft(target, drafts, encoded, *, temperature, max_new, seed, batch=8) -> list:
-    """[(α, low, high)] per draft, β along the target's trajectories (study functions)."""
+def alpha_per_draft(target, drafts, encoded, *, temperature, max_new, seed, batch=8):
+    """([(α, low, high)] per draft, (top, low, high)): β along the target's trajectories
+    (study functions), and the target's own mean largest next-token probability (T=1)
+    along the same trajectories — how sure it is of the choices the drafts must match."""
     sampling = SamplingConfig(temperature=temperature)
     settings = study.MeasureSettings(
         sampling=sampling,
@@ -105,6 +110,7 @@ def alpha_per_draft(target, drafts, encoded, *, temperature, max_new, seed, batc
     )
     sums = [[] for _ in drafts]
     counts = [[] for _ in drafts]
+    top_sums, top_counts = [], []
     for start in range(0, len(encoded), batch):
         rows = encoded[start : start + batch]
         real = np.arange(batch) < len(rows)
@@ -118,14 +124,15 @@ def alpha_per_draft(target, drafts, encoded, *, temperature, max_new, seed, batc
         )
         tokens, lengths = study.target_trajectories(target, prompt_batch, settings)
         betas = study.betas_along(target, drafts, prompt_batch, tokens, lengths, settings)
+        top = study.top_probability_along(target, prompt_batch, tokens, lengths)[real]
+        top_sums += np.nansum(top, 1).tolist()
+        top_counts += np.isfinite(top).sum(1).tolist()
         for i, beta in enumerate(betas):
             beta = beta[real]
             sums[i] += np.nansum(beta, 1).tolist()
             counts[i] += np.isfinite(beta).sum(1).tolist()
-    return [
-        study.ratio_with_ci(s, c, confidence=0.95, resamples=1000, seed=seed)
-        for s, c in zip(sums, counts, strict=True)
-    ]
+    ci = functools.partial(study.ratio_with_ci, confidence=0.95, resamples=1000, seed=seed)
+    return [ci(s, c) for s, c in zip(sums, counts, strict=True)], ci(top_sums, top_counts)
 
 
 def _median_time(fn, repeats: int = 7) -> float:
@@ -418,8 +425,9 @@ def main() -> None:
         "drafts": {},
     }
 
-    alphas = {
-        t: alpha_per_draft(
+    alphas, confidence = {}, {}
+    for t in TEMPERATURES:
+        alphas[t], confidence[t] = alpha_per_draft(
             study.from_bound(target),
             [study.from_bound(d) for d in drafts],
             encoded,
@@ -427,8 +435,13 @@ def main() -> None:
             max_new=args.max_new_tokens,
             seed=args.seed,
         )
-        for t in TEMPERATURES
-    }
+        top, low, high = confidence[t]
+        print(
+            f"target's mean top-1 probability along its T={t:g} trajectories: "
+            f"{top:.3f} [{low:.3f}, {high:.3f}]",
+            flush=True,
+        )
+    report["target_top_probability"] = {t: list(confidence[t]) for t in TEMPERATURES}
     in_loop = args.loop == "compiled"  # time calls as the measured loop makes them
     max_k = max(*gammas, 8) + 1
     cache_len = decode_cache_len(args.max_new_tokens, max(gammas))

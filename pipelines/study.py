@@ -794,6 +794,35 @@ def target_trajectories(target: StudyModel, batch: PromptBatch, settings: Measur
     return result.tokens, result.lengths
 
 
+def _teacher_forced(batch: PromptBatch, tokens, lengths):
+    """(inputs [B, P + N - 1], valid [B, N]): prompt + trajectory[:-1] for one
+    teacher-forced pass (the logits at index P-1+j predict generated token j), and which
+    generated positions are real (within ``lengths``, on a real row)."""
+    inputs = np.concatenate([batch.prompt_tokens, tokens], 1)[:, :-1]
+    valid = (np.arange(tokens.shape[1])[None, :] < lengths[:, None]) & batch.real[:, None]
+    return inputs, valid
+
+
+@hoisted_constants()
+def top_probability_along(target: StudyModel, batch: PromptBatch, tokens, lengths) -> np.ndarray:
+    """The target's own (T=1) largest next-token probability at each generated position
+    of a trajectory: float64 [B, N] (NaN past lengths).
+
+    How sure the target is of its choices: at T=1 a draft that always proposes the
+    target's most likely token with certainty is accepted with exactly this probability,
+    and at T=0 a draft must match an argmax decided by this margin.
+    """
+    from specdec_core.sampling import SamplingConfig
+
+    batch_size, prompt_len = batch.prompt_tokens.shape
+    inputs, valid = _teacher_forced(batch, tokens, lengths)
+    probs = _probs_fn(target.forward, SamplingConfig(temperature=1.0))(
+        target.new_cache(batch.encoder_tokens, batch_size, inputs.shape[1]), inputs
+    )  # [B, L, V]
+    top = np.asarray(probs.max(-1))[:, prompt_len - 1 :]
+    return np.where(valid, top, np.nan).astype(np.float64)
+
+
 @hoisted_constants()
 def betas_along(
     target: StudyModel,
@@ -809,12 +838,11 @@ def betas_along(
     index P-1+j (P = prompt length) predict generated token j.
     """
     batch_size, prompt_len = batch.prompt_tokens.shape
-    inputs = np.concatenate([batch.prompt_tokens, tokens], 1)[:, :-1]  # [B, P + N - 1]
+    inputs, valid = _teacher_forced(batch, tokens, lengths)
     length = inputs.shape[1]
     target_probs = _probs_fn(target.forward, settings.sampling)(
         target.new_cache(batch.encoder_tokens, batch_size, length), inputs
     )  # [B, L, V]
-    valid = (np.arange(tokens.shape[1])[None, :] < lengths[:, None]) & batch.real[:, None]
     out = []
     for draft in drafts:
         cache = draft.new_cache(batch.encoder_tokens, batch_size, length)

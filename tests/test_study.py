@@ -4,6 +4,7 @@ one small end-to-end study (Beam on FnApiRunner, MLflow read back with MlflowCli
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import pathlib
 
@@ -118,6 +119,25 @@ def test_bigram_stubs_beta_per_position_and_alpha_follow_the_markov_chain():
     assert row["alpha_ci_low"] <= analytic <= row["alpha_ci_high"]
     assert row["alpha_ci_high"] - row["alpha_ci_low"] < 0.1
     assert row["agrees_with_alpha"]
+
+
+def test_top_probability_along_is_the_targets_own_largest_probability_per_context():
+    # The bigram target's largest next-token probability depends on the previous token
+    # only; it is read at T=1 whatever temperature drew the trajectory, NaN past lengths.
+    table = np.array(
+        [[0.70, 0.10, 0.10, 0.10], [0.10, 0.10, 0.40, 0.40], [0.25] * 4, [0.05, 0.05, 0.10, 0.80]]
+    )
+    target = _ngram("P", table)
+    batch = _batch(16, 0, 10)
+    batch = dataclasses.replace(batch, max_new=np.where(np.arange(16) < 8, 10, 4))
+    tokens, lengths = study.target_trajectories(target, batch, _settings(1.0, 10))
+    top = study.top_probability_along(target, batch, tokens, lengths)
+    contexts = np.concatenate([batch.prompt_tokens, tokens], 1)[:, :-1]
+    valid = np.arange(top.shape[1])[None, :] < lengths[:, None]
+    assert (lengths == np.where(np.arange(16) < 8, 10, 4)).all()
+    assert len(set(contexts[valid].tolist())) == 4  # sampled paths visit every context
+    np.testing.assert_allclose(top[valid], table.max(1)[contexts][valid], rtol=1e-6)
+    assert np.isnan(top[~valid]).all()
 
 
 def test_ngram_drafts_fit_the_training_text_counts(tmp_path):
