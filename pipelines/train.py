@@ -76,6 +76,15 @@ class Examples:
     def __len__(self) -> int:
         return len(self.inputs)
 
+    def take(self, indices: Sequence[int]) -> Examples:
+        """The examples at ``indices``, in that order."""
+        return Examples(
+            inputs=[self.inputs[i] for i in indices],
+            targets=[self.targets[i] for i in indices],
+            english=[self.english[i] for i in indices],
+            german=[self.german[i] for i in indices],
+        )
+
     @property
     def is_sentence(self) -> np.ndarray:
         """bool [N]: the English side (LM text: the text) ends like a sentence."""
@@ -745,11 +754,29 @@ class Trainer:
         tracking.log_metrics(logged | {"steps_per_s": rate}, step=step)
 
 
-def evaluate_checkpoint(model_file: configs.ModelFileConfig, *, split: str) -> dict:
-    """Loss, accuracy and greedy BLEU of the latest checkpoint on every pair of ``split``."""
+def evaluate_checkpoint(
+    model_file: configs.ModelFileConfig, *, split: str, sentences: int | None = None
+) -> dict:
+    """Loss, accuracy and greedy BLEU of the latest checkpoint on every pair of ``split``,
+    or on its first ``sentences`` full-sentence pairs (both sides end like a sentence, as
+    every test pair does): e.g. as many training sentences as the test split holds, to
+    set what the model learnt beside how it generalises."""
     import sentencepiece as spm
 
+    from pipelines.data import ding
+
     examples = load_examples(model_file.data, split)
+    if sentences is not None:
+        if sentences < 1:
+            raise ValueError(f"--sentences must be at least 1, got {sentences}")
+        pairs = zip(examples.english, examples.german, strict=True)
+        chosen = [i for i, pair in enumerate(pairs) if ding.is_sentence_pair(pair)][:sentences]
+        if len(chosen) < sentences:
+            raise ValueError(
+                f"split {split!r} of {model_file.data.data_dir} holds {len(chosen)} "
+                f"full-sentence pairs, fewer than --sentences {sentences}"
+            )
+        examples = examples.take(chosen)
     params = load_model_params(model_file)
     logits_fn = training.logits_fn_for(model_file.model)
     result = evaluate(training.make_eval_step(logits_fn), params, examples, count=len(examples))
@@ -788,6 +815,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=None,
         help="only evaluate the latest checkpoint on SPLIT (loss, accuracy, BLEU of all pairs)",
     )
+    parser.add_argument(
+        "--sentences",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --evaluate: only the first N full-sentence pairs of SPLIT",
+    )
     return parser.parse_args(argv)
 
 
@@ -797,8 +831,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     model_file = configs.load_model_config(args.config)
     enable_compilation_cache()
     command = "python -m pipelines.train " + " ".join(sys.argv[1:] if argv is None else list(argv))
+    if args.sentences is not None and not args.evaluate:
+        raise SystemExit("--sentences only applies with --evaluate SPLIT")
     if args.evaluate:
-        result = evaluate_checkpoint(model_file, split=args.evaluate)
+        result = evaluate_checkpoint(model_file, split=args.evaluate, sentences=args.sentences)
         print(json.dumps(result), flush=True)
         return 0
     trainer = Trainer(model_file, max_steps=args.max_steps)

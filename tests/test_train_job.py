@@ -166,6 +166,15 @@ def test_train_job_checkpoints_exports_and_resumes(tiny_config, tmp_path):
     assert result["tokens"] == sum(
         len(y) for y in train.load_examples(model_file.data, "test").targets
     )
+    # --sentences N: the first N full-sentence pairs only (PAIRS 0 and 2).
+    examples = train.load_examples(model_file.data, "train")
+    result = train.evaluate_checkpoint(model_file, split="train", sentences=2)
+    assert result["examples"] == 2
+    assert result["tokens"] == len(examples.targets[0]) + len(examples.targets[2])
+    with pytest.raises(ValueError, match="holds 2 full-sentence pairs, fewer than --sentences 3"):
+        train.evaluate_checkpoint(model_file, split="train", sentences=3)
+    with pytest.raises(SystemExit, match="only applies with --evaluate"):
+        train.main(["--config", str(tiny_config), "--sentences", "2"])
 
 
 def test_resume_without_train_state_warm_starts_from_the_export(tiny_config, tmp_path):
