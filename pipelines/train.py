@@ -765,10 +765,10 @@ def evaluate_checkpoint(
 
     from pipelines.data import ding
 
+    if sentences is not None and sentences < 1:
+        raise ValueError(f"--sentences must be at least 1, got {sentences}")
     examples = load_examples(model_file.data, split)
     if sentences is not None:
-        if sentences < 1:
-            raise ValueError(f"--sentences must be at least 1, got {sentences}")
         pairs = zip(examples.english, examples.german, strict=True)
         chosen = [i for i, pair in enumerate(pairs) if ding.is_sentence_pair(pair)][:sentences]
         if len(chosen) < sentences:

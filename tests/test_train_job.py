@@ -173,6 +173,8 @@ def test_train_job_checkpoints_exports_and_resumes(tiny_config, tmp_path):
     assert result["tokens"] == len(examples.targets[0]) + len(examples.targets[2])
     with pytest.raises(ValueError, match="holds 2 full-sentence pairs, fewer than --sentences 3"):
         train.evaluate_checkpoint(model_file, split="train", sentences=3)
+    with pytest.raises(ValueError, match="--sentences must be at least 1, got 0"):
+        train.evaluate_checkpoint(model_file, split="train", sentences=0)
     with pytest.raises(SystemExit, match="only applies with --evaluate"):
         train.main(["--config", str(tiny_config), "--sentences", "2"])
 
