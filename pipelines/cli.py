@@ -30,6 +30,39 @@ from pipelines.io import PartitionError
 from pipelines.models import DEFAULT_DRAFT, DEFAULT_GAMMA, DEFAULT_TARGET
 from workers.spec import DEFAULT_DRAFT_PLACEMENT, DEFAULT_TRANSPORT, DRAFT_PLACEMENTS, TRANSPORTS
 
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+DEFAULT_COMPILE_CACHE = REPO_ROOT / "runs" / "jax_cache"
+
+
+def enable_compile_cache(directory: str | os.PathLike | None = None) -> pathlib.Path | None:
+    """Turns on JAX's persistent compilation cache for the job commands.
+
+    Compiled programs are written to ``directory`` (default ``$SPECDEC_COMPILE_CACHE``,
+    else ``runs/jax_cache`` under the repository; ``SPECDEC_COMPILE_CACHE=off``
+    disables it), so a second job with the same models and shapes loads them instead
+    of compiling. Every program is cached, however small or quick to compile (the
+    loop's are both). Set through the environment, so that the processes the job
+    starts (Ray workers) read it when they import JAX, and through ``jax.config`` when
+    this process has already imported JAX. Returns the folder, or None when disabled.
+    """
+    chosen = directory or os.environ.get("SPECDEC_COMPILE_CACHE") or DEFAULT_COMPILE_CACHE
+    if str(chosen).lower() == "off":
+        return None
+    path = pathlib.Path(chosen).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    settings = {
+        "jax_compilation_cache_dir": str(path),
+        "jax_persistent_cache_min_compile_time_secs": 0.0,
+        "jax_persistent_cache_min_entry_size_bytes": 0,
+    }
+    os.environ.update({name.upper(): str(value) for name, value in settings.items()})
+    if "jax" in sys.modules:
+        import jax
+
+        for name, value in settings.items():
+            jax.config.update(name, value)
+    return path
+
 
 def _demo(args: argparse.Namespace) -> int:
     import jax
@@ -200,6 +233,7 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
 
 
 def _job(kind_name: str, args: argparse.Namespace) -> int:
+    enable_compile_cache()  # before JAX is imported here or in the job's Ray workers
     from pipelines import job_report, translate
 
     job = translate.make_job(

@@ -191,7 +191,7 @@ def _numeric_metrics(summary: dict[str, Any], traffic: dict | None) -> dict[str,
         "records_in records_out records_failed speedup alpha accepted_per_drafted "
         "mean_accepted_length "
         "predicted_tokens_per_iteration c_estimate tokens tokens_per_s baseline_tokens_per_s "
-        "decode_s bleu rouge1 rouge2 rougeL"
+        "decode_s bleu rouge1 rouge2 rougeL job_s first_record_s"
     ).split()
     metrics = {k: float(summary[k]) for k in keys if summary.get(k) is not None}
     if summary.get("identical_to_baseline") is not None:
@@ -313,5 +313,7 @@ def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
     ]
     width = max(len(name) for name, _ in rows)
     lines = [f"specdec {job.kind.name}: done in {summary['job_s']:.1f} s"]
+    if summary.get("first_record_s") is not None:
+        lines[0] += f" (first record {summary['first_record_s']:.1f} s after the process started)"
     lines += [f"  {name:<{width}}  {value}" for name, value in rows]
     return "\n".join(lines)

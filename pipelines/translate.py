@@ -177,6 +177,25 @@ def length_bucket(item: Tokenized) -> int:
 
 _ENGINES: dict[str, list[Any]] = {}  # job id -> engines its handler built (this process)
 _ENGINES_LOCK = threading.Lock()
+_FIRST_RECORD: dict[str, float] = {}  # job id -> time.time() its first record was decoded
+_IMPORTED_AT = time.time()
+
+
+def process_started_at() -> float:
+    """When this process started (``time.time()`` scale); this module's import time
+    where the process's own start time cannot be read."""
+    try:
+        import psutil
+
+        return psutil.Process().create_time()
+    except (ImportError, OSError):
+        return _IMPORTED_AT
+
+
+def first_record_s(job_id: str) -> float | None:
+    """Seconds from the process's start until the job's first record was decoded."""
+    at = _FIRST_RECORD.pop(job_id, None)
+    return None if at is None else at - process_started_at()
 
 
 def _checkpoint_version(spec) -> int | None:
@@ -341,6 +360,8 @@ class SpeculativeModelHandler(ModelHandler):
                 flush=True,
             )
             results = [self._decode_one(item, model) for item in items]
+        if any(isinstance(result, Decoded) for result in results):
+            _FIRST_RECORD.setdefault(self.job_id, time.time())
         self._progress.update(len(items))
         return results
 
@@ -555,6 +576,7 @@ def run_job(job: JobConfig) -> dict[str, Any]:
         summary |= {
             "bytes_per_iteration": traffic["bytes_per_iteration"] if traffic else None,
             "job_s": time.perf_counter() - started,
+            "first_record_s": first_record_s(job_id),
             "output": job.output,
             "dead_letter": job.dead_letter,
             "mlflow_run_id": run.info.run_id,
