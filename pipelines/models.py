@@ -11,6 +11,13 @@ A model reference is one of
   overrides: ``t5_tiny_test:vocab_size=8000,num_decoder_layers=1`` (values parsed as
   YAML scalars; ``init_seed=N`` sets the random init's seed).
 
+- a **copy draft** (drafts only; :mod:`specdec_core.models.prompt_lookup`):
+  ``copy[:OPTIONS][+MODEL]``. OPTIONS as a preset's overrides: ``n`` (= ``n_max``, the
+  longest suffix looked up, default 3), ``n_min`` (default 1), ``fallback`` (the token
+  proposed where nothing matches, default 1: T5's EOS), ``vocab_size`` (default: the
+  backoff model's, else the default target's). ``+MODEL`` (any reference above) makes
+  it "copy first, MODEL when no match": ``copy:n=3+ende_draft_kd``.
+
 A preset has no weights, and neither does a config whose checkpoint is not there yet:
 both need ``allow_random_init`` (the ``--allow-random-init`` test flag), otherwise
 resolution fails saying which checkpoint is needed. Unknown names fail listing the
@@ -33,6 +40,8 @@ DEFAULT_TARGET = "ende_target"  # the embedded pair, trained by pipelines.train
 DEFAULT_DRAFT = "ende_draft_kd"  # best measured draft for the committed target (BENCHMARKS §4, §6)
 DEFAULT_GAMMA = 2  # its best measured γ in-process at T=0 and T=1 (§6); §4 measured it through Ray
 DEFAULT_VOCAB = REPO_ROOT / "assets" / "spm" / "ende.model"
+COPY_DRAFT = "copy"  # the copy draft's name in a model reference (see the module docstring)
+_COPY_OPTIONS = {"n": "n_max", "n_max": "n_max", "n_min": "n_min", "fallback": "fallback_token"}
 
 
 class ModelResolutionError(ValueError):
@@ -71,6 +80,8 @@ def resolve_model(
     """Resolves one ``--target``/``--draft`` value (``role`` names the flag in errors)."""
     from specdec_core.models import registry
 
+    if ref.split(":", 1)[0].split("+", 1)[0] == COPY_DRAFT:  # before paths: copy+a/b.yaml
+        return _copy_draft(ref, role=role, allow_random_init=allow_random_init, init_seed=init_seed)
     if _looks_like_path(ref):
         return _from_config_file(pathlib.Path(ref), role=role, allow_random_init=allow_random_init)
     if ref in config_names():
@@ -83,7 +94,7 @@ def resolve_model(
     raise ModelResolutionError(
         f"--{role}: unknown model {ref!r}. Model configs (configs/models): "
         f"{', '.join(config_names()) or 'none'}; registry presets: {', '.join(registry.names())}; "
-        "or give a path to a model config YAML"
+        "or give a path to a model config YAML; drafts also: copy[:n=3][+MODEL]"
     )
 
 
@@ -155,12 +166,86 @@ def _from_preset(ref: str, *, role: str, allow_random_init: bool, seed: int) -> 
     return ResolvedModel(spec=spec, source=f"preset:{ref}", vocab_path=None, random_init=True)
 
 
-def check_pair(target: ResolvedModel, draft: ResolvedModel, *, vocab_size: int) -> None:
-    """Both models encoder-decoder, one vocabulary size, large enough for the tokenizer."""
-    for role, model in (("target", target), ("draft", draft)):
-        if model.spec.family != "t5":
+def _copy_draft(ref: str, *, role: str, allow_random_init: bool, init_seed: int) -> ResolvedModel:
+    """``copy[:OPTIONS][+MODEL]`` -> a ModelSpec of family ``copy`` (module docstring)."""
+    from specdec_core.models import prompt_lookup
+
+    if role != "draft":
+        raise ModelResolutionError(
+            f"--{role}: {ref!r} is the copy draft; it can only be given as --draft"
+        )
+    head, plus, backoff_ref = ref.partition("+")
+    _, _, option_text = head.partition(":")
+    options = parse_overrides(option_text, role=role)
+    fields: dict[str, Any] = {}
+    for key, value in options.items():
+        if key not in (*_COPY_OPTIONS, "vocab_size"):
             raise ModelResolutionError(
-                f"--{role}: {model.spec.name!r} is a {model.spec.family} model; translate and "
+                f"--{role}: unknown copy draft option {key!r}; options: n (= n_max), n_min, "
+                "fallback, vocab_size (e.g. copy:n=3 or copy:n=3+ende_draft_kd)"
+            )
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ModelResolutionError(
+                f"--{role}: copy draft option {key}={value!r} must be an integer"
+            )
+        fields[_COPY_OPTIONS.get(key, key)] = value
+    backoff = None
+    if plus:
+        if not backoff_ref:
+            raise ModelResolutionError(
+                f"--{role}: {ref!r} ends in '+': name the model draft after it "
+                "(e.g. copy+ende_draft_kd)"
+            )
+        if backoff_ref.split(":", 1)[0].split("+", 1)[0] == COPY_DRAFT:
+            raise ModelResolutionError(f"--{role}: a copy draft cannot back off to a copy draft")
+        inner = resolve_model(
+            backoff_ref, role=role, allow_random_init=allow_random_init, init_seed=init_seed
+        )
+        backoff = prompt_lookup.BackoffSpec(
+            name=inner.spec.name,
+            family=inner.spec.family,
+            config=inner.spec.config,
+            checkpoint=inner.spec.checkpoint,
+            init_seed=inner.spec.init_seed,
+        )
+        fields.setdefault("vocab_size", inner.spec.config.vocab_size)
+    else:
+        fields.setdefault("vocab_size", _default_target_vocab_size())
+    try:
+        config = prompt_lookup.PromptLookupConfig(backoff=backoff, **fields)
+    except ValueError as error:
+        raise ModelResolutionError(f"--{role}: {error}") from error
+    name = COPY_DRAFT if backoff is None else f"{COPY_DRAFT}+{backoff.name}"
+    spec = ModelSpec(name=name, family=prompt_lookup.FAMILY, config=config, checkpoint=None)
+    return ResolvedModel(
+        spec=spec,
+        source=f"copy:{ref}",
+        vocab_path=None,
+        random_init=backoff is not None and backoff.checkpoint is None,
+    )
+
+
+def _default_target_vocab_size() -> int:
+    from pipelines import configs
+
+    return configs.load_model_config(CONFIG_DIR / f"{DEFAULT_TARGET}.yaml").model.vocab_size
+
+
+def check_pair(target: ResolvedModel, draft: ResolvedModel, *, vocab_size: int) -> None:
+    """Both models encoder-decoder, one vocabulary size, large enough for the tokenizer.
+
+    A copy draft passes as encoder-decoder (it reads the encoder tokens); its backoff
+    model, if any, must be one."""
+    from specdec_core.models import prompt_lookup
+
+    for role, model in (("target", target), ("draft", draft)):
+        family = model.spec.family
+        if role == "draft" and family == prompt_lookup.FAMILY:
+            backoff = model.spec.config.backoff
+            family = "t5" if backoff is None else backoff.family
+        if family != "t5":
+            raise ModelResolutionError(
+                f"--{role}: {model.spec.name!r} is a {family} model; translate and "
                 "summarize jobs run encoder-decoder (t5) models"
             )
         if model.spec.config.vocab_size < vocab_size:
@@ -173,4 +258,9 @@ def check_pair(target: ResolvedModel, draft: ResolvedModel, *, vocab_size: int) 
             f"draft {draft.spec.name!r} has vocab_size {draft.spec.config.vocab_size} but "
             f"target {target.spec.name!r} has {target.spec.config.vocab_size}: they must share "
             "a vocabulary"
+            + (
+                f" (give copy:vocab_size={target.spec.config.vocab_size})"
+                if draft.spec.family == prompt_lookup.FAMILY and draft.spec.config.backoff is None
+                else ""
+            )
         )

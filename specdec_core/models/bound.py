@@ -93,9 +93,16 @@ def load_model(
     name: str, family: str, config, *, checkpoint: str | None = None, init_seed: int = 0
 ) -> BoundModel:
     """Reads a T5X checkpoint into the family's param tree (checked against the config's
-    shapes), or initialises random params from ``init_seed`` when ``checkpoint`` is None."""
+    shapes), or initialises random params from ``init_seed`` when ``checkpoint`` is None.
+
+    Family ``"copy"`` is the copy draft (:mod:`specdec_core.models.prompt_lookup`): its
+    config is a ``PromptLookupConfig``, whose backoff draft (if any) is loaded here too."""
     from specdec_core import checkpoints
 
+    if family == "copy":  # the copy draft: no params of its own (its backoff loads inside)
+        from specdec_core.models import prompt_lookup
+
+        return prompt_lookup.load(name, config)
     module = _family_module(family)
     like = jax.eval_shape(functools.partial(module.init_params, config), jax.random.key(0))
     if checkpoint is None:
