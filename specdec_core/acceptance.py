@@ -18,11 +18,20 @@ Terms, per row of a batch, for one iteration with γ drafted tokens x_1..x_γ:
 target's. Writing ``q_{γ+1} = 0`` makes the two cases one formula: the residual at
 position γ+1 is p itself.
 
-The rule is split in two so that a worker boundary carries only what is needed
-(DESIGN.md): :func:`count_accepted` needs two scalars per drafted token, and
-:func:`sample_next_token` needs two vocabulary-sized vectors at one position.
-:func:`accept` composes them for the in-process loop. All functions are jitted,
-batched and free of host syncs.
+The rule is split in two halves so that a process boundary between the target and
+the draft carries only what is needed:
+
+- :func:`target_half`, run where the target's distributions are: the accepted-prefix
+  length (:func:`count_accepted`, two scalars per drafted token) and p at the one
+  position where the next token is drawn, ``p_{n+1}`` ([B, V]);
+- :func:`draft_half`, run where the draft's distributions are: the recovered or bonus
+  token from that p and the draft's own q at the same position
+  (:func:`sample_next_token`).
+
+:func:`accept` is exactly their composition (the in-process loop calls it; the Ray
+workers call the halves, through :mod:`specdec_core.decoding`). Both halves take the
+same uniforms ``[B, γ+1]``: γ for the tests, the last for the next token. All
+functions are batched and free of host syncs.
 """
 
 from __future__ import annotations
@@ -81,6 +90,56 @@ def sample_next_token(
     return sampling.sample_from_uniform(uniforms, residual)
 
 
+def token_probs(probs: jax.Array, tokens: jax.Array) -> jax.Array:
+    """probs [B, ≥γ, V], tokens [B, γ] -> probs[b, i, tokens[b, i]] [B, γ]: q_i(x_i) or p_i(x_i)."""
+    return jnp.take_along_axis(probs[:, : tokens.shape[1]], tokens[..., None], axis=-1)[..., 0]
+
+
+@jax.jit
+def target_half(
+    draft_tokens: jax.Array,
+    draft_token_probs: jax.Array,
+    target_probs: jax.Array,
+    uniforms: jax.Array,
+) -> tuple[jax.Array, jax.Array]:
+    """The target's half of Algorithm 1: how many drafts pass, and p where the next token is drawn.
+
+    draft_tokens:      [B, γ] int32, x_1..x_γ.
+    draft_token_probs: [B, γ] q_i(x_i) (the draft sends these scalars, not q).
+    target_probs:      [B, γ+1, V] p at each of the γ+1 positions.
+    uniforms:          [B, γ+1] the iteration's uniforms (only the first γ are used here).
+    Returns (n_accepted [B] int32, p_{n+1} [B, V]): p at the first rejected position,
+    or p_{γ+1} when all γ passed — the input of :func:`draft_half`.
+    """
+    gamma = draft_tokens.shape[1]
+    n_accepted = count_accepted(
+        draft_token_probs, token_probs(target_probs, draft_tokens), uniforms[:, :gamma]
+    )
+    return n_accepted, target_probs[jnp.arange(draft_tokens.shape[0]), n_accepted]
+
+
+@jax.jit
+def draft_half(
+    draft_probs: jax.Array,
+    n_accepted: jax.Array,
+    target_probs_at_n: jax.Array,
+    uniforms: jax.Array,
+) -> jax.Array:
+    """The draft's half of Algorithm 1: the recovered or bonus token.
+
+    draft_probs:       [B, γ, V] q at each drafted position (kept by the draft).
+    n_accepted:        [B] int32, from :func:`target_half`.
+    target_probs_at_n: [B, V] p_{n+1}, from :func:`target_half`.
+    uniforms:          [B, γ+1] the same uniforms (only the last is used here).
+    Returns next_token [B] int32: from norm(max(0, p_{n+1} − q_{n+1})), with
+    q_{γ+1} = 0 (the bonus token, from p_{γ+1}).
+    """
+    batch, gamma = draft_probs.shape[:2]
+    q_ext = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:, :1])], axis=1)
+    q_at_n = q_ext[jnp.arange(batch), n_accepted]
+    return sample_next_token(target_probs_at_n, q_at_n, uniforms[:, gamma])
+
+
 @jax.jit
 def accept(
     draft_tokens: jax.Array, draft_probs: jax.Array, target_probs: jax.Array, key: jax.Array
@@ -92,16 +151,14 @@ def accept(
     target_probs: [B, γ+1, V] p at each of the γ+1 positions.
     key:          one PRNG key (rows draw independently) or one key per row [B].
     Returns Verdict(n_accepted [B], next_token [B]).
+
+    The composition of :func:`target_half` and :func:`draft_half` on the row uniforms
+    drawn from ``key``.
     """
     batch, gamma = draft_tokens.shape
     uniforms = row_uniforms(key, batch, gamma + 1)  # [B, γ+1]
-    idx = draft_tokens[..., None]
-    q_tok = jnp.take_along_axis(draft_probs, idx, axis=-1)[..., 0]  # [B, γ]
-    p_tok = jnp.take_along_axis(target_probs[:, :gamma], idx, axis=-1)[..., 0]  # [B, γ]
-    n_accepted = count_accepted(q_tok, p_tok, uniforms[:, :gamma])
-    q_ext = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:, :1])], axis=1)
-    rows = jnp.arange(batch)
-    next_token = sample_next_token(
-        target_probs[rows, n_accepted], q_ext[rows, n_accepted], uniforms[:, gamma]
+    n_accepted, target_at_n = target_half(
+        draft_tokens, token_probs(draft_probs, draft_tokens), target_probs, uniforms
     )
+    next_token = draft_half(draft_probs, n_accepted, target_at_n, uniforms)
     return Verdict(n_accepted=n_accepted, next_token=next_token)

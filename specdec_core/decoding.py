@@ -17,7 +17,11 @@ rejected block is undone in O(1).
 
 The roles of one iteration are separate functions — :func:`propose_fn`,
 :func:`score_fn`, :func:`verify` and :func:`commit` — so that the in-process loop here
-and the Ray workers in ``workers/`` run the same code.
+and the Ray workers in ``workers/`` run the same code. When the draft and the target
+live in separate processes, an iteration is the target's :func:`score_and_count`
+followed by the draft's :func:`recover_and_propose` (the two halves of
+:func:`acceptance.accept` around one process boundary; :func:`propose_first` starts
+a batch). A worker only jits these and moves their inputs and outputs.
 
 Randomness: every draw of a row derives from ``(seed, request_id, n_generated)``,
 so a request's output does not depend on its batch, its position in it or restarts.
@@ -325,6 +329,71 @@ def commit(
         accepted=state.accepted + jnp.where(active, n, 0),
         accepted_by_position=state.accepted_by_position + accepted_at,
     )
+
+
+# ---------------------------------------------------------------- split across processes
+
+
+def score_and_count(target: Forward, config: sampling.SamplingConfig):
+    """The target's step of a split iteration (pure; the caller jits it).
+
+    ``(target_cache, state, draft_tokens [B, γ], draft_token_probs [B, γ])
+    -> (n_accepted [B], p_{n+1} [B, V], target_cache)``: scores the γ+1 positions
+    (:func:`score_fn`) and runs :func:`acceptance.target_half` with the row's
+    uniforms (:func:`verify_uniforms`). Only the draft's q_i(x_i) come in, and only
+    the target's distribution at one position goes out.
+    """
+    score = _score(target, config)
+
+    def step(cache, state: DecodeState, draft_tokens, draft_token_probs):
+        target_probs, cache = score(cache, state, draft_tokens)  # [B, γ+1, V]
+        uniforms = verify_uniforms(state, draft_tokens.shape[1])
+        n_accepted, target_at_n = acceptance.target_half(
+            draft_tokens, draft_token_probs, target_probs, uniforms
+        )
+        return n_accepted, target_at_n, cache
+
+    return step
+
+
+def propose_first(draft: Forward, gamma: int, config: sampling.SamplingConfig):
+    """The draft's first step of a batch (pure; the caller jits it), on a just-prefilled cache.
+
+    ``(draft_cache, state) -> (draft_tokens [B, γ], draft_probs [B, γ, V],
+    draft_token_probs [B, γ], draft_cache)``: the draft keeps its full q and sends
+    its tokens with their q_i(x_i).
+    """
+    propose = _propose(draft, gamma, config, True)
+
+    def step(cache, state: DecodeState):
+        tokens, probs, cache = propose(cache, state)
+        return tokens, probs, acceptance.token_probs(probs, tokens), cache
+
+    return step
+
+
+def recover_and_propose(
+    draft: Forward, gamma: int, config: sampling.SamplingConfig, eos_id: int | None
+):
+    """The draft's step of a split iteration (pure; the caller jits it).
+
+    ``(draft_cache, state, draft_tokens, draft_probs, n_accepted, p_{n+1})
+    -> (state', next draft_tokens, their draft_probs, draft_token_probs, draft_cache)``:
+    draws the recovered/bonus token (:func:`acceptance.draft_half`, with the same
+    uniforms as the target's half), commits the iteration (:func:`commit`, as the
+    in-process loop does) and proposes the next γ tokens from the committed state.
+    """
+    propose = _propose(draft, gamma, config, False)
+
+    def step(cache, state: DecodeState, draft_tokens, draft_probs, n_accepted, target_at_n):
+        uniforms = verify_uniforms(state, gamma)
+        next_token = acceptance.draft_half(draft_probs, n_accepted, target_at_n, uniforms)
+        verdict = acceptance.Verdict(n_accepted=n_accepted, next_token=next_token)
+        new_state = commit(state, draft_tokens, verdict, eos_id)
+        tokens, probs, cache = propose(cache, new_state)
+        return new_state, tokens, probs, acceptance.token_probs(probs, tokens), cache
+
+    return step
 
 
 def _verify_commit(state: DecodeState, draft_tokens, draft_probs, target_probs, eos_id):

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from scipy import stats
 
 from specdec_core.acceptance import accept
@@ -80,3 +81,54 @@ def test_rows_draw_independently():
     # Identical inputs in every row: outcomes must still vary across rows.
     assert len(np.unique(verdict.next_token)) > 1
     assert len(np.unique(verdict.n_accepted)) > 1
+
+
+def _reference_accept(draft_tokens, draft_probs, target_probs, key):
+    """Algorithm 1 written out in one piece (the rule before it was split in halves)."""
+    from specdec_core import acceptance, sampling
+
+    batch, gamma = draft_tokens.shape
+    uniforms = acceptance.row_uniforms(key, batch, gamma + 1)
+    idx = draft_tokens[..., None]
+    q_tok = jnp.take_along_axis(draft_probs, idx, axis=-1)[..., 0]
+    p_tok = jnp.take_along_axis(target_probs[:, :gamma], idx, axis=-1)[..., 0]
+    ok = uniforms[:, :gamma] * q_tok < p_tok
+    n = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)
+    rows = jnp.arange(batch)
+    q_ext = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:, :1])], axis=1)
+    residual = jnp.maximum(target_probs[rows, n] - q_ext[rows, n], 0.0)
+    residual = jnp.where(residual.sum(-1, keepdims=True) > 0, residual, target_probs[rows, n])
+    return n, sampling.sample_from_uniform(uniforms[:, gamma], residual)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_accept_is_the_composition_of_the_target_and_draft_halves(temperature, gamma):
+    """The halves the workers run, composed across a (simulated) process boundary that
+    carries only q_i(x_i) one way and (n, p_{n+1}) the other, give accept's verdict, and
+    both equal the rule written out in one piece; T=0 is one-hot p and q."""
+    from specdec_core import acceptance, sampling
+
+    batch, vocab = 512, 6
+    key_q, key_p, key_x, key_u = jax.random.split(jax.random.key(gamma), 4)
+    config = sampling.SamplingConfig(temperature=temperature)
+    q = sampling.probs_from_logits(2 * jax.random.normal(key_q, (batch, gamma, vocab)), config)
+    # The target agrees with the draft in some rows and positions, so every n occurs.
+    p_logits = 2 * jax.random.normal(key_p, (batch, gamma + 1, vocab))
+    p_logits = p_logits.at[: batch // 2, :gamma].set(jnp.log(q[: batch // 2] + 1e-9) * 3)
+    p = sampling.probs_from_logits(p_logits, config)
+    x = jax.random.categorical(key_x, jnp.log(q + 1e-30)).astype(jnp.int32)  # [B, γ]
+    keys = jax.random.split(key_u, batch)
+
+    verdict = accept(x, q, p, keys)
+    uniforms = acceptance.row_uniforms(keys, batch, gamma + 1)
+    n, p_at_n = acceptance.target_half(x, acceptance.token_probs(q, x), p, uniforms)
+    next_token = acceptance.draft_half(q, n, np.asarray(p_at_n), uniforms)
+    ref_n, ref_next = _reference_accept(x, q, p, keys)
+
+    np.testing.assert_array_equal(n, verdict.n_accepted)
+    np.testing.assert_array_equal(next_token, verdict.next_token)
+    np.testing.assert_array_equal(verdict.n_accepted, ref_n)
+    np.testing.assert_array_equal(verdict.next_token, ref_next)
+    assert set(np.unique(verdict.n_accepted).tolist()) == set(range(gamma + 1))
+    assert p_at_n.shape == (batch, vocab)

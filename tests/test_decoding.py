@@ -248,3 +248,50 @@ def test_compiled_loop_with_every_row_done_at_start_returns_nothing():
     spec = _speculative(tokens, lengths, gamma=2, max_new=np.array([0, 0]), compiled=True)
     np.testing.assert_array_equal(spec.lengths, 0)
     np.testing.assert_array_equal(spec.iterations, 0)
+
+
+def _split_generate(tokens, lengths, *, gamma, max_new, draft, sampling, eos_id, seed):
+    """The loop as the Ray workers run it: the target's score_and_count and the draft's
+    recover_and_propose (decoding's split steps), with only their outputs between them."""
+    import jax
+
+    batch = tokens.shape[0]
+    state = decoding.init_state(
+        tokens, lengths, np.arange(batch), seed=seed, max_new_tokens=max_new, gamma=gamma
+    )
+    target_cache = decoding.prefill_fn(TARGET_FWD)(table.init_cache(batch, 64), tokens, lengths)
+    draft_cache = decoding.prefill_fn(DRAFT_FWD[draft])(
+        table.init_cache(batch, 64), tokens, lengths
+    )
+    score = jax.jit(decoding.score_and_count(TARGET_FWD, sampling))
+    first = jax.jit(decoding.propose_first(DRAFT_FWD[draft], gamma, sampling))
+    step = jax.jit(decoding.recover_and_propose(DRAFT_FWD[draft], gamma, sampling, eos_id))
+    x, q, q_tok, draft_cache = first(draft_cache, state)
+    while not bool(np.all(state.done)):
+        n, p_at_n, target_cache = score(target_cache, state, x, q_tok)
+        state, x, q, q_tok, draft_cache = step(draft_cache, state, x, q, n, np.asarray(p_at_n))
+    return decoding.result_from_state(
+        state, max_new, 0, draft_s=0.0, target_s=0.0, overhead_s=0.0, total_s=0.0
+    )
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_split_steps_equal_the_in_process_loop(temperature):
+    """decoding.score_and_count + recover_and_propose (what the two workers run) give the
+    in-process loop's tokens and statistics row for row, EOS and ragged budgets included."""
+    tokens, lengths = prompts(6, 6, VOCAB, seed=3)
+    max_new = np.array([30, 2, 17, 30, 9, 25])
+    common = dict(
+        gamma=3,
+        max_new=max_new,
+        draft="independent",
+        sampling=SamplingConfig(temperature=temperature),
+        eos_id=3,
+        seed=7,
+    )
+    host = _speculative(tokens, lengths, **common)
+    split = _split_generate(tokens, lengths, **common)
+    for field in ("tokens", "lengths", "iterations", "drafted", "accepted"):
+        np.testing.assert_array_equal(getattr(split, field), getattr(host, field), err_msg=field)
+    np.testing.assert_array_equal(split.accepted_by_position, host.accepted_by_position)
+    assert 0 < host.accepted.sum() < host.drafted.sum()  # both accepts and rejections

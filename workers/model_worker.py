@@ -2,15 +2,16 @@
 
 It keeps one cache per in-flight batch (``batch_id``) and serves the roles of an
 iteration. Per iteration a coordinator makes two calls, and only what is needed
-crosses (DESIGN.md, "Proposals and verification"):
+crosses. Each runs one step of :mod:`specdec_core.decoding`, jitted here:
 
-- target ``score(state, draft_tokens, q_tok) -> (n_accepted, p_at_n)``: scores γ+1
-  positions, runs the acceptance tests on the scalars q(x_i) and p(x_i), and returns
-  the target distribution at the one position where it is needed ([B, V]);
+- target ``score(state, draft_tokens, q_tok) -> (n_accepted, p_at_n)``:
+  :func:`~specdec_core.decoding.score_and_count` scores γ+1 positions, runs the
+  acceptance tests on the scalars q(x_i) and p(x_i), and returns the target
+  distribution at the one position where it is needed ([B, V]);
 - draft ``recover_and_propose(state, n_accepted, p_at_n) -> (state', tokens, q_tok)``:
-  samples the recovered/bonus token from norm(max(0, p − q)) with its own q, commits
-  (state' is the committed state), and proposes the next γ tokens, keeping their
-  full q for the next call.
+  :func:`~specdec_core.decoding.recover_and_propose` samples the recovered/bonus
+  token from norm(max(0, p − q)) with its own q, commits (state' is the committed
+  state), and proposes the next γ tokens, keeping their full q for the next call.
 
 Caches' lengths derive from the state the coordinator sends, so calls carry no
 hidden position and a restarted worker only needs the committed tokens again.
@@ -31,10 +32,9 @@ import functools
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from specdec_core import acceptance, decoding
+from specdec_core import decoding
 from specdec_core.models.bound import BoundModel, load_model
 from specdec_core.sampling import SamplingConfig
 from workers import wire
@@ -44,56 +44,20 @@ from workers.spec import ModelSpec
 WIRE_METHODS = ("propose_first", "score", "recover_and_propose")
 
 
-def _token_probs(probs: jax.Array, tokens: jax.Array) -> jax.Array:
-    """probs [B, γ(+1), V], tokens [B, γ] -> probs[b, i, tokens[b, i]] [B, γ]."""
-    return jnp.take_along_axis(probs[:, : tokens.shape[1]], tokens[..., None], axis=-1)[..., 0]
-
-
 @functools.lru_cache(maxsize=64)
 def _score_and_count_fn(forward, config: SamplingConfig):
-    score = decoding.score_fn(forward, config)
-
-    def score_and_count(cache, state, draft_tokens, draft_token_probs):
-        target_probs, cache = score(cache, state, draft_tokens)  # [B, γ+1, V]
-        gamma = draft_tokens.shape[1]
-        uniforms = decoding.verify_uniforms(state, gamma)
-        n_accepted = acceptance.count_accepted(
-            draft_token_probs, _token_probs(target_probs, draft_tokens), uniforms[:, :gamma]
-        )
-        rows = jnp.arange(draft_tokens.shape[0])
-        return n_accepted, target_probs[rows, n_accepted], cache
-
-    return jax.jit(score_and_count, donate_argnums=0)
+    return jax.jit(decoding.score_and_count(forward, config), donate_argnums=0)
 
 
 @functools.lru_cache(maxsize=64)
 def _propose_first_fn(forward, gamma: int, config: SamplingConfig):
-    propose = decoding.propose_fn(forward, gamma, config, True)
-
-    def propose_first(cache, state):
-        tokens, probs, cache = propose(cache, state)
-        return tokens, probs, _token_probs(probs, tokens), cache
-
-    return jax.jit(propose_first, donate_argnums=0)
+    return jax.jit(decoding.propose_first(forward, gamma, config), donate_argnums=0)
 
 
 @functools.lru_cache(maxsize=64)
 def _recover_and_propose_fn(forward, gamma: int, config: SamplingConfig, eos_id: int | None):
-    propose = decoding.propose_fn(forward, gamma, config, False)
-
-    def recover_and_propose(cache, state, draft_tokens, draft_probs, n_accepted, target_at_n):
-        rows = jnp.arange(draft_tokens.shape[0])
-        draft_ext = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:, :1])], 1)
-        uniforms = decoding.verify_uniforms(state, gamma)
-        next_token = acceptance.sample_next_token(
-            target_at_n, draft_ext[rows, n_accepted], uniforms[:, gamma]
-        )
-        verdict = acceptance.Verdict(n_accepted=n_accepted, next_token=next_token)
-        new_state = decoding.commit(state, draft_tokens, verdict, eos_id)
-        tokens, probs, cache = propose(cache, new_state)
-        return new_state, tokens, probs, _token_probs(probs, tokens), cache
-
-    return jax.jit(recover_and_propose, donate_argnums=0)
+    step = decoding.recover_and_propose(forward, gamma, config, eos_id)
+    return jax.jit(step, donate_argnums=0)
 
 
 def sparse_rows(dense: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray | None, ...]:
