@@ -8,11 +8,13 @@ Subcommands:
   prepare    writes the Ding En-De splits (``python -m pipelines.data.ding``)
   demo       speculative vs target-only decoding on stub models, in one run
   study      acceptance-rate study over a grid file (``pipelines.study``, the paper's Table 3)
+  log-run    logs the MLflow run of a job that ran while MLflow was unavailable
 
 Arguments after a lone ``--`` go to Beam as pipeline options
 (``specdec translate ... -- --runner=DirectRunner``). User errors (missing file,
 unknown model, bad config key, bad value) print one ``specdec: error:`` line and exit
-with status 2; ``SPECDEC_DEBUG=1`` shows the traceback instead.
+with status 2; ``SPECDEC_DEBUG=1`` shows the traceback instead. The job commands'
+exit statuses are :data:`EXIT_CODES`.
 """
 
 from __future__ import annotations
@@ -26,11 +28,26 @@ import sys
 
 import numpy as np
 
-from pipelines.io import PartitionError
+from pipelines.io import JobFailed, PartitionError
 from pipelines.models import DEFAULT_DRAFT, DEFAULT_GAMMA, DEFAULT_TARGET
 from workers.spec import DEFAULT_DRAFT_PLACEMENT, DEFAULT_TRANSPORT, DRAFT_PLACEMENTS, TRANSPORTS
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# Exit statuses of the job commands (translate, summarize).
+EXIT_OK = 0  # every record came out
+EXIT_FAILED = 1  # the job started but did not finish, or lost a record (a bug)
+EXIT_CANNOT_START = 2  # bad flags or config, missing checkpoint, unreadable input
+EXIT_DEAD_LETTERS = 3  # the job finished, but some records went to the dead letters
+EXIT_CODES = {
+    EXIT_OK: "every record came out",
+    EXIT_FAILED: "the job failed after it started (finished records are kept: rerun to "
+    "continue), or a record was lost",
+    EXIT_CANNOT_START: "the job could not start: bad flags or config, missing checkpoint, "
+    "unreadable input",
+    EXIT_DEAD_LETTERS: "the job finished, but some records went to the dead letters (the "
+    "summary counts them per reason)",
+}
 DEFAULT_COMPILE_CACHE = REPO_ROOT / "runs" / "jax_cache"
 
 
@@ -268,10 +285,42 @@ def _job(kind_name: str, args: argparse.Namespace) -> int:
     print(f"specdec {kind_name}: {job.input} -> {job.output}", file=sys.stderr, flush=True)
     summary = translate.run_job(job)
     print(job_report.format_summary(job, summary))
-    if summary["records_out"] == 0:
-        print(f"specdec: error: every record failed; see {job.dead_letter}", file=sys.stderr)
-        return 1
-    return 0
+    return job_exit_code(summary)
+
+
+def job_exit_code(summary: dict) -> int:
+    """EXIT_OK when every record came out, else EXIT_DEAD_LETTERS (with a stderr line)."""
+    failed = summary["records_failed"]
+    if not failed and summary["records_out"] == summary["records_in"]:
+        return EXIT_OK
+    reasons = ", ".join(f"{n} {reason}" for reason, n in summary["failed_by_reason"].items())
+    total = summary["records_in"]
+    what = f"all {total}" if summary["records_out"] == 0 else f"{failed} of {total}"
+    print(
+        f"specdec: error: {what} records went to the dead letters ({reasons}); "
+        f"see {summary['dead_letter']}",
+        file=sys.stderr,
+    )
+    return EXIT_DEAD_LETTERS
+
+
+def _log_run(args: argparse.Namespace) -> int:
+    """``specdec log-run``: the MLflow run of a job that ran without one."""
+    from pipelines import job_report, tracking
+
+    job_report.read_saved_run(args.summary_json)  # a bad summary: EXIT_CANNOT_START in main
+    try:
+        run_id = job_report.log_saved_run(args.summary_json, tracking_uri=args.tracking_uri)
+    except Exception as error:  # MLflow still unavailable
+        print(f"specdec: error: {tracking.describe_error(error)}", file=sys.stderr)
+        return EXIT_FAILED
+    print(run_id)
+    print(f"logged MLflow run {run_id}; {args.summary_json} updated", file=sys.stderr)
+    return EXIT_OK
+
+
+def _exit_codes_epilog() -> str:
+    return "exit status: " + "; ".join(f"{code} {text}" for code, text in EXIT_CODES.items())
 
 
 def ui_command(tracking_uri: str, port: int) -> list[str]:
@@ -327,9 +376,23 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"the {kind.name} Beam job (speculative decoding)",
             epilog="Beam pipeline options go after a lone --, e.g. -- --runner=DataflowRunner "
             "(default: the in-process FnApiRunner). Models: a configs/models name, a model "
-            "YAML path, or (with --allow-random-init) a registry preset[:key=value,...].",
+            "YAML path, or (with --allow-random-init) a registry preset[:key=value,...]. "
+            "A killed job resumes when rerun with the same flags (finished records are kept "
+            "in <output>.parts/). " + _exit_codes_epilog() + ".",
         )
         _add_job_arguments(job, kind)
+    log_run = sub.add_parser(
+        "log-run",
+        help="log the MLflow run of a job that ran while MLflow was unavailable",
+        description="Logs params, metrics and artifacts from a job's summary JSON (written "
+        "with mlflow_run_id null and mlflow_pending when MLflow was unavailable) and its "
+        "output, prints the new run id and writes it into the summary.",
+    )
+    log_run.add_argument("--summary-json", required=True, help="the job's summary JSON")
+    log_run.add_argument(
+        "--tracking-uri", default=None, help="MLflow store (default: the one the job tried)"
+    )
+    log_run.set_defaults(func=_log_run)
     ui = sub.add_parser("ui", help="MLflow UI on 127.0.0.1 over the jobs' store")
     ui.add_argument("--tracking-uri", default=None, help="default: the jobs' default store")
     ui.add_argument("--port", type=_ranged(int, "--port", low=1, high=65535), default=5000)
@@ -389,10 +452,12 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("SPECDEC_DEBUG"):
             raise
         print(f"specdec: error: {err}", file=sys.stderr)
-        return 2
-    except PartitionError as err:  # a record was lost: loud, and not a usage error
+        return EXIT_CANNOT_START
+    except (PartitionError, JobFailed) as err:  # loud, and not a usage error
+        if os.environ.get("SPECDEC_DEBUG"):
+            raise
         print(f"specdec: error: {err}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

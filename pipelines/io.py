@@ -18,6 +18,15 @@ letters); :func:`check_partition` is the job's final assertion of that.
 Readers run in the launching process (records are then handed to Beam with
 ``beam.Create``), so line numbers are exact and a duplicate id is caught before any
 work starts. Bytes are decoded here, line by line, so one bad line costs one record.
+Lines end at ``\n`` only (a ``\r`` before it is dropped); a UTF-8 byte-order mark at
+the start of the file is dropped; a JSONL ``id`` is a non-empty string or an integer.
+
+*Parts* make a job resumable: as records finish, the job writes them in batches to a
+temporary file in ``<output>.parts/`` and renames it to ``part-<uuid>.jsonl`` (a
+rename is atomic, so a part is either whole or absent; a killed job leaves at most a
+``.tmp`` file, which is ignored). A rerun skips every id found in a part, and the
+final output and dead-letter files are assembled from the parts at the end, each
+written to a temporary file and renamed into place (:func:`assemble`).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import collections
 import dataclasses
 import json
 import pathlib
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 
 EMPTY = "empty"  # nothing but whitespace
@@ -35,6 +45,7 @@ TOO_LONG = "too_long"  # more tokens than --max-input-tokens after tokenization
 ENGINE_ERROR = "engine_error"  # decoding raised for this record
 REASONS = (EMPTY, INVALID_UTF8, BAD_RECORD, TOO_LONG, ENGINE_ERROR)
 
+BOM = b"\xef\xbb\xbf"  # UTF-8 byte-order mark, dropped at the start of a file
 SEQIO_SCHEME = "seqio:"
 TASK_PREFIXES = ("translate English to German: ", "summarize: ")  # stripped from seqio inputs
 
@@ -43,8 +54,17 @@ class InputError(ValueError):
     """The input as a whole is unusable (missing file, bad spec, duplicate ids)."""
 
 
+class ResumeError(InputError):
+    """The parts folder belongs to another job (other settings) or is corrupt."""
+
+
 class PartitionError(RuntimeError):
     """Output and dead-letter ids do not partition the input ids: a record was lost."""
+
+
+class JobFailed(RuntimeError):
+    """The job started but its pipeline raised; finished records stay in the parts
+    folder, so a rerun continues from them."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -119,6 +139,8 @@ def _lines(path: pathlib.Path) -> Iterator[tuple[int, bytes]]:
     """(1-based number, bytes without the line break) for every line of a file."""
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
+            if number == 1 and raw.startswith(BOM):
+                raw = raw[len(BOM) :]
             yield number, raw.rstrip(b"\r\n")
 
 
@@ -201,14 +223,27 @@ def _parse_json_line(number: int, text: str, fields: FieldNames) -> Record | Dea
         obj = json.loads(text)
     except json.JSONDecodeError as error:
         return bad(str(number), f"invalid JSON: {error.msg} at column {error.colno}")
+    except (ValueError, RecursionError) as error:  # over-long integers, deep nesting
+        return bad(str(number), f"invalid JSON: {type(error).__name__}: {str(error)[:200]}")
     if not isinstance(obj, dict):
         return bad(str(number), f"expected a JSON object, got {type(obj).__name__}")
-    record_id = str(obj["id"]) if obj.get("id") is not None else str(number)
+    raw_id = obj.get("id")
+    if raw_id is None:
+        record_id = str(number)
+    elif isinstance(raw_id, int) and not isinstance(raw_id, bool):
+        record_id = str(raw_id)
+    elif isinstance(raw_id, str) and raw_id and _encodable(raw_id):
+        record_id = raw_id
+    else:
+        what = type(raw_id).__name__ if not isinstance(raw_id, str) else "an invalid string"
+        return bad(str(number), f"id must be a non-empty string or an integer, got {what}")
     source, reference = _first(obj, fields.source), _first(obj, fields.reference)
     if source is None:
         return bad(record_id, f"no source field (one of {', '.join(fields.source)})")
     if not isinstance(source, str) or not (reference is None or isinstance(reference, str)):
         return bad(record_id, "source and reference must be strings")
+    if not _encodable(source) or not (reference is None or _encodable(reference)):
+        return bad(record_id, "source or reference holds a lone surrogate (\\ud800-\\udfff)")
     if not source.strip():
         return _empty(record_id, number)
     return Record(
@@ -217,6 +252,15 @@ def _parse_json_line(number: int, text: str, fields: FieldNames) -> Record | Dea
         reference=reference.strip() if reference and reference.strip() else None,
         line=number,
     )
+
+
+def _encodable(text: str) -> bool:
+    """False for strings JSON can hold but UTF-8 cannot (lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def parse_seqio_spec(spec: str) -> tuple[str, str]:
@@ -347,9 +391,130 @@ def read_jsonl(path: str) -> list[dict]:
         return []
     with FileSystems.open(path) as handle:
         text = handle.read().decode("utf-8")
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    # "\n" only: str.splitlines() would also split at U+2028, U+0085, ... inside a row.
+    return [json.loads(line) for line in text.split("\n") if line.strip()]
 
 
 def default_dead_letter_path(output: str) -> str:
     """``<output>.dead.jsonl`` beside the output."""
     return f"{output}.dead.jsonl"
+
+
+# ------------------------------------------------------------------------ parts (resume)
+
+PART_PREFIX, PART_SUFFIX, TMP_SUFFIX = "part-", ".jsonl", ".tmp"
+MANIFEST = "job.json"  # the settings of the job the parts belong to
+OUTPUT_KIND, DEAD_KIND = "output", "dead"  # the two kinds of part entries
+
+
+def parts_dir(output: str) -> str:
+    """``<output>.parts``: the finished records of a running (or killed) job."""
+    return f"{output}.parts"
+
+
+def _join(folder: str, name: str) -> str:
+    return f"{folder.rstrip('/')}/{name}"
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Writes ``text`` to a temporary file beside ``path``, then renames it to ``path``:
+    a reader (or a rerun after a kill) sees the whole file or none of it."""
+    from apache_beam.io.filesystems import CompressionTypes, FileSystems
+
+    tmp = f"{path}.{uuid.uuid4().hex[:12]}{TMP_SUFFIX}"
+    with FileSystems.create(tmp, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        handle.write(text.encode("utf-8"))
+        if hasattr(handle, "fileno"):  # a local file: on disk before the rename
+            import os
+
+            handle.flush()
+            os.fsync(handle.fileno())
+    FileSystems.rename([tmp], [path])
+
+
+def start_parts(folder: str, settings: dict) -> None:
+    """Starts a parts folder (its manifest holds ``settings``), or checks that the one
+    there was started by a job with the same ``settings`` (else ResumeError)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    settings = json.loads(json.dumps(settings, sort_keys=True, default=str))
+    path = _join(folder, MANIFEST)
+    if not FileSystems.exists(path):
+        write_atomic(path, json.dumps(settings, indent=2, sort_keys=True) + "\n")
+        return
+    try:
+        with FileSystems.open(path) as handle:
+            saved = json.loads(handle.read().decode("utf-8"))
+    except ValueError as error:
+        raise ResumeError(f"{path} is not a parts manifest ({error}); delete {folder}") from None
+    differ = sorted(k for k in saved.keys() | settings.keys() if saved.get(k) != settings.get(k))
+    if differ:
+        raise ResumeError(
+            f"{folder} holds the records of an unfinished job with other settings "
+            f"({', '.join(differ)} differ): rerun it with the same settings to resume it, "
+            "or delete the folder to start afresh"
+        )
+
+
+def write_part(folder: str, items: Sequence[tuple[str, dict]]) -> str:
+    """One part file of ``(kind, row)`` items (kind OUTPUT_KIND or DEAD_KIND), written
+    atomically; returns its path."""
+    lines = "".join(
+        json.dumps({"kind": kind, "row": row}, ensure_ascii=False) + "\n" for kind, row in items
+    )
+    path = _join(folder, f"{PART_PREFIX}{uuid.uuid4().hex}{PART_SUFFIX}")
+    write_atomic(path, lines)
+    return path
+
+
+def read_parts(folder: str) -> tuple[list[dict], list[dict]]:
+    """(output rows, dead letters) of every finished part in ``folder`` (none if absent).
+
+    An id found twice (a bundle that a distributed runner retried after its part was
+    written) is kept once; temporary files of a killed job are ignored.
+    """
+    from apache_beam.io.filesystems import FileSystems
+
+    if not FileSystems.exists(folder):
+        return [], []
+    pattern = _join(folder, f"{PART_PREFIX}*{PART_SUFFIX}")
+    paths = sorted(m.path for r in FileSystems.match([pattern]) for m in r.metadata_list)
+    rows: list[dict] = []
+    dead: list[dict] = []
+    seen: set[str] = set()
+    for path in paths:
+        try:
+            entries = read_jsonl(path)
+        except ValueError as error:
+            raise ResumeError(f"corrupt part {path} ({error}); delete {folder}") from None
+        for entry in entries:
+            kind, row = entry.get("kind"), entry.get("row")
+            if kind not in (OUTPUT_KIND, DEAD_KIND) or not isinstance(row, dict) or "id" not in row:
+                raise ResumeError(f"corrupt part {path}: {str(entry)[:200]}; delete {folder}")
+            if row["id"] not in seen:
+                seen.add(row["id"])
+                (rows if kind == OUTPUT_KIND else dead).append(row)
+    return rows, dead
+
+
+def assemble(
+    output: str, dead_letter: str, rows: Sequence[dict], dead: Sequence[dict], order: Sequence[str]
+) -> None:
+    """Writes the final output and dead-letter JSONL (rows in input ``order``), each
+    atomically."""
+    position = {record_id: i for i, record_id in enumerate(order)}
+
+    def key(row: dict) -> int:
+        return position.get(row["id"], len(position))
+
+    for path, items in ((output, rows), (dead_letter, dead)):
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in sorted(items, key=key))
+        write_atomic(path, text)
+
+
+def remove_parts(folder: str) -> None:
+    """Deletes a finished job's parts folder."""
+    from apache_beam.io.filesystems import FileSystems
+
+    if FileSystems.exists(folder):
+        FileSystems.delete([folder])

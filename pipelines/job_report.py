@@ -245,19 +245,134 @@ def _samples_table(rows: Sequence[dict], n: int = 20) -> dict[str, list]:
 
 def log_run(job: JobConfig, summary: dict, rows: Sequence[dict], traffic: dict | None) -> None:
     """Metrics and artifacts of the active MLflow run."""
+    saved = saved_run(job)
+    log_results(
+        summary,
+        rows,
+        traffic,
+        config=saved["job_config"],
+        model_configs=saved["model_configs"],
+        gamma=saved["gamma"],
+    )
+
+
+def log_results(
+    summary: dict,
+    rows: Sequence[dict],
+    traffic: dict | None,
+    *,
+    config: dict,
+    model_configs: Sequence[str],
+    gamma: int,
+) -> None:
+    """Metrics and artifacts of the active MLflow run, from plain data (a job's, or a
+    summary JSON's for ``specdec log-run``)."""
+    import pathlib
+
     import mlflow
 
     from pipelines import tracking
 
     tracking.log_metrics(_numeric_metrics(summary, traffic))
-    mlflow.log_dict(resolved_config(job), "job_config.json")
-    for model in (job.target, job.draft):
-        if not model.source.startswith("preset:"):
-            mlflow.log_artifact(model.source, "model_configs")
+    mlflow.log_dict(config, "job_config.json")
+    for source in model_configs:
+        if pathlib.Path(source).is_file():
+            mlflow.log_artifact(source, "model_configs")
     if rows:
         mlflow.log_table(data=_samples_table(rows), artifact_file="samples.json")
-        _acceptance_artifacts(summary, job.settings.gamma)
+        _acceptance_artifacts(summary, gamma)
     mlflow.log_dict(summary, "summary.json")
+
+
+def run_name(job: JobConfig) -> str:
+    """The MLflow run name of a job."""
+    models = f"{job.target.spec.name}-{job.draft.spec.name}"
+    return f"{job.kind.name}-{models}-g{job.settings.gamma}"
+
+
+def saved_run(job: JobConfig) -> dict[str, Any]:
+    """What ``specdec log-run`` needs to log the job's run later (kept in the summary
+    JSON as ``mlflow_pending`` when MLflow was unavailable): experiment, run name,
+    params, tags, the resolved config, the model config files and γ."""
+    return {
+        "experiment": job.kind.name,
+        "run_name": run_name(job),
+        "params": job_params(job),
+        "tags": {"workers": job.workers},
+        "job_config": resolved_config(job),
+        "model_configs": [
+            m.source for m in (job.target, job.draft) if not m.source.startswith("preset:")
+        ],
+        "gamma": job.settings.gamma,
+    }
+
+
+def read_saved_run(summary_json: str) -> tuple[dict, list[dict]]:
+    """(summary, output rows) of a job that ran without MLflow, checked for
+    ``specdec log-run``. Raises FileNotFoundError or ValueError (already logged, not
+    such a summary, output changed)."""
+    import json
+    import pathlib
+
+    path = pathlib.Path(summary_json)
+    if not path.is_file():
+        raise FileNotFoundError(f"summary JSON not found: {summary_json}")
+    try:
+        summary = json.loads(path.read_text())
+    except ValueError as error:
+        raise ValueError(f"{summary_json} is not a job summary: {error}") from None
+    if not isinstance(summary, dict) or "records_out" not in summary:
+        raise ValueError(f"{summary_json} is not a job summary")
+    if summary.get("mlflow_run_id"):
+        raise ValueError(f"{summary_json}: already logged as MLflow run {summary['mlflow_run_id']}")
+    if not isinstance(summary.get("mlflow_pending"), dict):
+        raise ValueError(
+            f"{summary_json} has no mlflow_pending entry: not from a job without MLflow"
+        )
+    rows = io.read_jsonl(summary["output"])
+    if len(rows) != summary["records_out"]:
+        raise ValueError(
+            f"{summary['output']} holds {len(rows)} rows, the summary says {summary['records_out']}"
+        )
+    return summary, rows
+
+
+def log_saved_run(summary_json: str, tracking_uri: str | None = None) -> str:
+    """Logs the MLflow run of a job that ran without one (``specdec log-run``).
+
+    Reads the summary JSON the job wrote and its output rows (:func:`read_saved_run`),
+    logs params, metrics and artifacts as the job would have, rewrites the summary
+    with the new run id and returns it.
+    """
+    import json
+
+    from pipelines import tracking
+
+    summary, rows = read_saved_run(summary_json)
+    saved = summary["mlflow_pending"]
+    uri = tracking_uri or summary.get("tracking_uri") or tracking.default_tracking_uri()
+    bytes_per_iteration = summary.get("bytes_per_iteration")
+    traffic = {"bytes_per_iteration": bytes_per_iteration} if bytes_per_iteration else None
+    logged = {k: v for k, v in summary.items() if k != "mlflow_pending"}
+    tags = {**saved["tags"], "logged_by": "specdec log-run"}
+    with tracking.start_run(
+        saved["experiment"],
+        run_name=saved["run_name"],
+        params=saved["params"],
+        tags=tags,
+        tracking_uri=uri,
+    ) as run:
+        logged |= {"mlflow_run_id": run.info.run_id, "mlflow_error": None, "tracking_uri": uri}
+        log_results(
+            logged,
+            rows,
+            traffic,
+            config=saved["job_config"],
+            model_configs=saved["model_configs"],
+            gamma=saved["gamma"],
+        )
+    io.write_atomic(summary_json, json.dumps(logged, indent=2) + "\n")
+    return run.info.run_id
 
 
 def _fmt(value: Any) -> str:

@@ -3,6 +3,10 @@
 MLflow 3.13+ refuses the old ``./mlruns`` file store, so the default tracking URI is a
 SQLite database under the run folder (``runs/mlflow.db``); browse it with
 ``mlflow ui --backend-store-uri sqlite:///<abs>/runs/mlflow.db``.
+
+Jobs use :class:`OptionalRun`: when the store cannot be written or the server does not
+answer, the job goes on without a run, warns once and keeps the reason; ``specdec
+log-run`` logs the run later from the saved summary.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import pathlib
 import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -89,6 +94,14 @@ def start_run(
     Logs ``params`` flattened and tags ``git_commit`` plus ``tags``. The tracking URI
     defaults to :func:`default_tracking_uri`.
     """
+    with _begin(
+        experiment, run_name=run_name, params=params, tags=tags, tracking_uri=tracking_uri
+    ) as run:
+        yield run
+
+
+def _begin(experiment, *, run_name, params, tags, tracking_uri):
+    """Starts the active run (experiment created if absent, params and tags logged)."""
     import mlflow
 
     tracking_uri = tracking_uri or default_tracking_uri()
@@ -96,10 +109,105 @@ def start_run(
     ensure_experiment(experiment, tracking_uri)
     mlflow.set_experiment(experiment)
     all_tags = {"git_commit": git_commit(), **(tags or {})}
-    with mlflow.start_run(run_name=run_name, tags=all_tags) as run:
+    run = mlflow.start_run(run_name=run_name, tags=all_tags)
+    try:
         if params:
             mlflow.log_params(flatten_params(params))
-        yield run
+    except BaseException:
+        _end_quietly("FAILED")
+        raise
+    return run
+
+
+def _end_quietly(status: str) -> None:
+    """Ends the active run; an unreachable store still leaves no run active here."""
+    import mlflow
+
+    try:
+        mlflow.end_run(status)
+    except Exception:  # the run was popped before the store was asked
+        pass
+
+
+def describe_error(error: BaseException) -> str:
+    """``Type: first line of the message`` (at most 300 characters)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+class OptionalRun:
+    """An MLflow run a job can do without.
+
+    Used as a context manager around the job. The first MLflow failure (the store
+    cannot be written, the server does not answer) is kept in ``error``, warned about
+    once on stderr (with ``hint``), and turns every later :meth:`call` into a no-op;
+    ``run_id`` is then None. An exception from the job itself ends the run as FAILED.
+    """
+
+    def __init__(
+        self,
+        experiment: str,
+        *,
+        run_name: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        tags: Mapping[str, str] | None = None,
+        tracking_uri: str | None = None,
+        hint: str = "",
+    ):
+        self.experiment, self.run_name, self.params, self.tags = experiment, run_name, params, tags
+        self.tracking_uri, self.hint = tracking_uri, hint
+        self.run_id: str | None = None
+        self.error: str | None = None
+
+    def __enter__(self) -> OptionalRun:
+        try:
+            run = _begin(
+                self.experiment,
+                run_name=self.run_name,
+                params=self.params,
+                tags=self.tags,
+                tracking_uri=self.tracking_uri,
+            )
+            self.run_id = run.info.run_id
+        except Exception as error:
+            self._fail(error)
+        return self
+
+    def call(self, function, *args, **kwargs) -> Any:
+        """``function(*args, **kwargs)`` against the active run, unless MLflow failed."""
+        if self.run_id is None:
+            return None
+        try:
+            return function(*args, **kwargs)
+        except Exception as error:
+            self._fail(error)
+            return None
+
+    def _fail(self, error: BaseException) -> None:
+        self.error = describe_error(error)
+        if self.run_id is not None:
+            _end_quietly("FAILED")
+        self.run_id = None
+        print(
+            f"specdec: warning: MLflow unavailable at {self.tracking_uri} ({self.error}); "
+            f"the job goes on without an MLflow run{self.hint}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def __exit__(self, exc_type, exc, traceback) -> bool:
+        if self.run_id is not None:
+            status = "FINISHED" if exc_type is None else "FAILED"
+            try:
+                import mlflow
+
+                mlflow.end_run(status)
+            except Exception as error:
+                if exc_type is None:
+                    self._fail(error)
+                else:
+                    self.run_id = None
+        return False
 
 
 def log_metrics(metrics: Mapping[str, Any], step: int | None = None) -> None:

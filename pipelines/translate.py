@@ -11,11 +11,13 @@ quality metric, MLflow experiment)::
                            actors or in-process), run_inference decodes one batch
                            speculatively (and with the target alone for --compare-baseline)
       -> Format            detokenize -> output row; a failed record -> dead letter
-      -> WriteToText       output JSONL and dead-letter JSONL
+      -> WriteParts        rows and dead letters, a batch at a time, to part files
+                           written atomically in <output>.parts/ (what a rerun resumes)
 
 Beam runs on the in-process ``FnApiRunner`` unless the Beam options (``specdec
-translate ... -- --runner=...``) name another runner. After the pipeline the job reads
-both files back, asserts that their ids partition the input ids
+translate ... -- --runner=...``) name another runner. After the pipeline the job
+assembles the output and dead-letter JSONL from the parts, reads both files back,
+asserts that their ids partition the input ids
 (:func:`pipelines.io.check_partition`), computes the summary and logs one MLflow run
 (:mod:`pipelines.job_report`).
 
@@ -459,12 +461,29 @@ def output_row(item: Decoded, processor, eos_id: int | None) -> dict:
 # ------------------------------------------------------------------------ pipeline
 
 
-def _write_jsonl(rows, path: str, label: str):
-    return (
-        rows
-        | f"{label}ToJson" >> beam.Map(lambda row: json.dumps(row, ensure_ascii=False))
-        | f"Write{label}" >> beam.io.WriteToText(path, shard_name_template="", num_shards=1)
-    )
+class WritePartsFn(beam.DoFn):
+    """``(kind, row)`` items -> part files (:func:`pipelines.io.write_part`) of at most
+    ``every`` items, so a killed job loses only the records of the part it was gathering
+    (rows of one decoded batch arrive together: ``every`` = the batch size)."""
+
+    def __init__(self, folder: str, every: int):
+        self.folder, self.every = folder, max(every, 1)
+
+    def start_bundle(self):
+        self.buffer: list[tuple[str, dict]] = []
+
+    def process(self, item):
+        self.buffer.append(item)
+        if len(self.buffer) >= self.every:
+            self._flush()
+
+    def finish_bundle(self):
+        self._flush()
+
+    def _flush(self) -> None:
+        if self.buffer:
+            io.write_part(self.folder, self.buffer)
+            self.buffer = []
 
 
 def build_pipeline(
@@ -473,8 +492,13 @@ def build_pipeline(
     *,
     job: JobConfig,
     handler: SpeculativeModelHandler,
+    parts: str | None = None,
 ) -> None:
-    """Adds the job's transforms (read, tokenize, batch, infer, format, write) to ``pipeline``."""
+    """Adds the job's transforms (read, tokenize, batch, infer, format, write) to ``pipeline``.
+
+    Rows and dead letters go to part files in ``parts`` (default: the output's parts
+    folder); :func:`run_job` assembles the output files from them.
+    """
     eos_id = job.settings.eos_id if job.settings.eos_id is not None else 1
     tokenized = (
         pipeline
@@ -503,10 +527,15 @@ def build_pipeline(
     dead = (
         (tokenized[DEAD], decoded[DEAD])
         | "AllDead" >> beam.Flatten()
-        | "DeadToJson" >> beam.Map(io.DeadLetter.to_json)
+        | "DeadToJson" >> beam.Map(lambda d: (io.DEAD_KIND, d.to_json()))
     )
-    _write_jsonl(decoded.ok, job.output, "Outputs")
-    _write_jsonl(dead, job.dead_letter, "DeadLetters")
+    outputs = decoded.ok | "TagOutputs" >> beam.Map(lambda row: (io.OUTPUT_KIND, row))
+    (
+        (outputs, dead)
+        | "AllRows" >> beam.Flatten()
+        | "WriteParts"
+        >> beam.ParDo(WritePartsFn(parts or io.parts_dir(job.output), job.settings.batch_size))
+    )
 
 
 def pipeline_options(beam_args: Sequence[str]):
@@ -521,15 +550,17 @@ def pipeline_options(beam_args: Sequence[str]):
     return FnApiRunner(), options
 
 
-def run_pipeline(records, *, job: JobConfig, handler: SpeculativeModelHandler) -> None:
-    """Builds and runs the pipeline to completion."""
+def run_pipeline(
+    records, *, job: JobConfig, handler: SpeculativeModelHandler, parts: str | None = None
+) -> None:
+    """Builds and runs the pipeline to completion (rows into the ``parts`` folder)."""
     runner, options = pipeline_options(job.beam_args)
     for path in (job.output, job.dead_letter):
         parent = pathlib.Path(path).parent
         if "://" not in path and not parent.is_dir():
             parent.mkdir(parents=True, exist_ok=True)
     with beam.Pipeline(runner=runner, options=options) as pipeline:
-        build_pipeline(pipeline, records, job=job, handler=handler)
+        build_pipeline(pipeline, records, job=job, handler=handler, parts=parts)
 
 
 # ------------------------------------------------------------------------ the job
@@ -538,33 +569,61 @@ def run_pipeline(records, *, job: JobConfig, handler: SpeculativeModelHandler) -
 def run_job(job: JobConfig) -> dict[str, Any]:
     """Reads the input, runs the pipeline, checks no id was lost, logs and returns the summary.
 
-    Raises io.InputError for unusable input and io.PartitionError if output and
-    dead-letter ids do not partition the input ids.
+    Resumable: finished records go to part files in ``<output>.parts/`` as they come
+    out, and a rerun of a killed job (same settings) decodes only the records no part
+    holds (``records_resumed`` in the summary counts the others). The output and
+    dead-letter files are assembled from the parts at the end, then the parts removed.
+    MLflow is optional: when it is unavailable the summary says why (``mlflow_error``),
+    keeps what ``specdec log-run`` needs (``mlflow_pending``) and is written even
+    without ``summary_json`` (to ``<output>.summary.json``).
+
+    Raises io.InputError for unusable input (io.ResumeError for parts of a job with
+    other settings) and io.PartitionError if output and dead-letter ids do not
+    partition the input ids.
     """
     from pipelines import tracking
 
     records = io.read_records(job.input, fields=job.kind.fields, limit=job.limit)
     if not records:
         raise io.InputError(f"no records in {job.input}")
-    if job.workers == "ray":
+    input_ids = [r.id for r in records]
+    parts = io.parts_dir(job.output)
+    io.start_parts(parts, resume_settings(job))
+    done = {row["id"] for group in io.read_parts(parts) for row in group}
+    unknown = sorted(done - set(input_ids))
+    if unknown:
+        raise io.ResumeError(
+            f"{parts} holds ids that {job.input} does not have ({', '.join(unknown[:5])}); "
+            "delete it to start afresh"
+        )
+    todo = [r for r in records if r.id not in done]
+    if done and job.progress:
+        print(
+            f"  resuming: {len(done)} of {len(records)} records are done in {parts}",
+            file=sys.stderr,
+            flush=True,
+        )
+    if job.workers == "ray" and todo:
         from workers.coordinator import ensure_ray
 
         ensure_ray(job.ray_address)  # before any JAX computation in this process
     tracking_uri = job.tracking_uri or tracking.default_tracking_uri()
+    summary_path = job.summary_json or default_summary_path(job.output)
     started = time.perf_counter()
-    with tracking.start_run(
+    with tracking.OptionalRun(
         job.kind.name,
-        run_name=f"{job.kind.name}-{job.target.spec.name}-{job.draft.spec.name}-g{job.settings.gamma}",
+        run_name=job_report.run_name(job),
         params=job_report.job_params(job),
         tags={"workers": job.workers},
         tracking_uri=tracking_uri,
+        hint=f"; log it later with: specdec log-run --summary-json {summary_path}",
     ) as run:
-        job_id = run.info.run_id
-        traffic = _run_and_close(records, job=job, job_id=job_id)
+        job_id = run.run_id or uuid.uuid4().hex
+        traffic = _run_and_close(todo, job=job, job_id=job_id, parts=parts) if todo else None
+        io.assemble(job.output, job.dead_letter, *io.read_parts(parts), order=input_ids)
         rows, dead = io.read_jsonl(job.output), io.read_jsonl(job.dead_letter)
-        io.check_partition(
-            [r.id for r in records], [r["id"] for r in rows], [d["id"] for d in dead]
-        )
+        io.check_partition(input_ids, [r["id"] for r in rows], [d["id"] for d in dead])
+        io.remove_parts(parts)
         summary = job_report.compute_summary(
             rows,
             dead,
@@ -574,22 +633,45 @@ def run_job(job: JobConfig) -> dict[str, Any]:
             quality_metric=job.kind.quality_metric,
         )
         summary |= {
+            "records_resumed": len(done),
             "bytes_per_iteration": traffic["bytes_per_iteration"] if traffic else None,
             "job_s": time.perf_counter() - started,
             "first_record_s": first_record_s(job_id),
             "output": job.output,
             "dead_letter": job.dead_letter,
-            "mlflow_run_id": run.info.run_id,
+            "mlflow_run_id": run.run_id,
+            "mlflow_error": None,
             "tracking_uri": tracking_uri,
         }
-        job_report.log_run(job, summary, rows, traffic)
-    if job.summary_json:
-        pathlib.Path(job.summary_json).write_text(json.dumps(summary, indent=2) + "\n")
+        run.call(job_report.log_run, job, summary, rows, traffic)
+    summary |= {"mlflow_run_id": run.run_id, "mlflow_error": run.error}
+    if run.error is not None:
+        summary["mlflow_pending"] = job_report.saved_run(job)
+    if job.summary_json or run.error is not None:
+        io.write_atomic(summary_path, json.dumps(summary, indent=2) + "\n")
     return summary
 
 
-def _run_and_close(records, *, job: JobConfig, job_id: str) -> dict | None:
-    """Runs the pipeline; reads the engines' traffic and closes them, even on failure."""
+def default_summary_path(output: str) -> str:
+    """``<output>.summary.json``: where a job without ``summary_json`` writes its summary
+    when MLflow was unavailable (for ``specdec log-run``)."""
+    return f"{output}.summary.json"
+
+
+RESUME_IGNORED = ("git_commit", "workers", "draft_placement", "transport", "runner")
+
+
+def resume_settings(job: JobConfig) -> dict[str, Any]:
+    """What a rerun must share with the killed job to resume it: the MLflow params
+    except those that cannot change a record's output (commit, worker layout, runner),
+    and the output paths."""
+    params = {k: v for k, v in job_report.job_params(job).items() if k not in RESUME_IGNORED}
+    return params | {"output": job.output, "dead_letter": job.dead_letter}
+
+
+def _run_and_close(records, *, job: JobConfig, job_id: str, parts: str) -> dict | None:
+    """Runs the pipeline; reads the engines' traffic and closes them, even on failure
+    (which raises io.JobFailed)."""
     handler = SpeculativeModelHandler(
         target=job.target.spec,
         draft=job.draft.spec,
@@ -605,8 +687,13 @@ def _run_and_close(records, *, job: JobConfig, job_id: str) -> dict | None:
         progress=job.progress,
     )
     try:
-        run_pipeline(records, job=job, handler=handler)
+        run_pipeline(records, job=job, handler=handler, parts=parts)
         return engine_traffic(job_id)
+    except Exception as error:
+        raise io.JobFailed(
+            f"the pipeline failed ({type(error).__name__}: {error}); the records it finished "
+            f"are kept in {parts}: rerun the same command to continue"
+        ) from error
     finally:
         close_engines(job_id)
 
