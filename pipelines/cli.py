@@ -181,6 +181,17 @@ def _ranged(kind, name: str, *, low=None, high=None, low_open=False):
     return parse
 
 
+def _gamma(text: str) -> int | str:
+    """``--gamma``: ``auto`` or an integer >= 1."""
+    if text == "auto":
+        return text
+    try:
+        int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--gamma must be auto or int, got {text!r}") from None
+    return _ranged(int, "--gamma", low=1)(text)
+
+
 def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
     """The flags of translate/summarize (the CLI contract of issue 5)."""
     add = parser.add_argument
@@ -192,9 +203,17 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
     add("--draft", default=None, help=f"model config name or YAML path (default {DEFAULT_DRAFT})")
     add(
         "--gamma",
-        type=_ranged(int, "--gamma", low=1),
-        default=DEFAULT_GAMMA,
-        help=f"drafted tokens per iteration (default {DEFAULT_GAMMA})",
+        type=_gamma,
+        default="auto",
+        help="drafted tokens per iteration, or auto: chosen per batch in 0..--gamma-max "
+        "(0 = the target alone) from what the job measures, acceptance by position and "
+        f"the calls' times (default auto; the best fixed γ measured is {DEFAULT_GAMMA})",
+    )
+    add(
+        "--gamma-max",
+        type=_ranged(int, "--gamma-max", low=1),
+        default=None,
+        help="the largest γ that --gamma auto tries (default 4)",
     )
     add("--temperature", type=_ranged(float, "--temperature", low=0.0), default=0.0)
     add("--top-k", type=_ranged(int, "--top-k", low=0), default=0, help="0 = off")
@@ -260,6 +279,7 @@ def _job(kind_name: str, args: argparse.Namespace) -> int:
         target=args.target,
         draft=args.draft,
         gamma=args.gamma,
+        gamma_max=args.gamma_max,
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,

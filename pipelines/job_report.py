@@ -43,12 +43,32 @@ def _per_batch_max(rows: Iterable[dict], key: str) -> int:
     return sum(maxima.values())
 
 
-def acceptance_by_position(rows: Sequence[dict], gamma: int) -> list[float]:
-    """Fraction of draft blocks whose token at position i was accepted, i = 1..γ."""
-    blocks = sum(row["drafted"] for row in rows) / gamma
-    if not blocks:
-        return []
-    return [sum(row["accepted_by_position"][i] for row in rows) / blocks for i in range(gamma)]
+def row_gamma(row: dict) -> int:
+    """The γ a row was decoded at (0: by the target alone, under ``--gamma auto``)."""
+    return len(row["accepted_by_position"])
+
+
+def acceptance_by_position(rows: Sequence[dict], gamma: int | None = None) -> list[float]:
+    """Fraction of draft blocks whose token at position i was accepted, i = 1..γ (the
+    largest γ among the rows; at each position over the blocks that had it)."""
+    gamma = max((row_gamma(row) for row in rows), default=0) if gamma is None else gamma
+    rates = []
+    for i in range(gamma):
+        having = [row for row in rows if row_gamma(row) > i]
+        blocks = sum(row["drafted"] / row_gamma(row) for row in having)
+        if not blocks:
+            break
+        rates.append(sum(row["accepted_by_position"][i] for row in having) / blocks)
+    return rates
+
+
+def gamma_histogram(rows: Sequence[dict]) -> dict[str, int]:
+    """Batches decoded at each γ ({"0": n, "2": m, ...}; 0: the target alone)."""
+    per_batch = {row["batch"]: row_gamma(row) for row in rows}
+    counts: dict[int, int] = {}
+    for gamma in per_batch.values():
+        counts[gamma] = counts.get(gamma, 0) + 1
+    return {str(g): counts[g] for g in sorted(counts)}
 
 
 def cost_coefficient(rows: Sequence[dict], gamma: int) -> float | None:
@@ -106,10 +126,23 @@ def compute_summary(
     drafted = sum(row["drafted"] for row in rows)
     accepted = sum(row["accepted"] for row in rows)
     spec_s = _wall_s(rows, "wall_ms")
-    fully_accepted = sum(
-        row["accepted_by_position"][-1] for row in rows if row["accepted_by_position"]
+    speculative = [row for row in rows if row_gamma(row) > 0]  # not the target alone (γ=0)
+    fully_accepted = sum(row["accepted_by_position"][-1] for row in speculative)
+    alpha = theory.empirical_alpha(  # None without tests
+        accepted, sum(row["iterations"] for row in speculative), fully_accepted
     )
-    alpha = theory.empirical_alpha(accepted, iterations, fully_accepted)  # None without tests
+    gammas = {row_gamma(row) for row in rows}
+    if alpha is not None and iterations:  # E[tokens] per iteration at each row's γ
+        predicted = (
+            sum(
+                row["iterations"]
+                * (theory.expected_tokens(min(alpha, 1.0), row_gamma(row)) if row_gamma(row) else 1)
+                for row in rows
+            )
+            / iterations
+        )
+    else:
+        predicted = None
     summary: dict[str, Any] = {
         "records_in": records_in,
         "records_out": len(rows),
@@ -121,16 +154,15 @@ def compute_summary(
         "alpha": alpha,
         "accepted_per_drafted": accepted / drafted if drafted else None,
         "mean_accepted_length": (accepted + iterations) / iterations if iterations else None,
-        "predicted_tokens_per_iteration": (
-            theory.expected_tokens(min(alpha, 1.0), settings.gamma) if alpha is not None else None
-        ),
+        "predicted_tokens_per_iteration": predicted,
         "c_estimate": None,
         "tokens": tokens,
         "decode_s": spec_s,
         "tokens_per_s": tokens / spec_s if spec_s > 0 else None,
         "baseline_tokens_per_s": None,
         "identical_to_baseline": None,
-        "acceptance_by_position": acceptance_by_position(rows, settings.gamma),
+        "acceptance_by_position": acceptance_by_position(rows),
+        "gamma_histogram": gamma_histogram(rows),
     }
     if compare_baseline and rows:
         base_s = _wall_s(rows, "baseline_wall_ms")
@@ -138,7 +170,8 @@ def compute_summary(
         summary["baseline_tokens_per_s"] = base_tps
         if base_tps and summary["tokens_per_s"]:
             summary["speedup"] = summary["tokens_per_s"] / base_tps
-        summary["c_estimate"] = cost_coefficient(rows, settings.gamma)
+        if len(gammas) == 1 and min(gammas) > 0:  # one γ for every batch
+            summary["c_estimate"] = cost_coefficient(rows, min(gammas))
         if settings.sampling.greedy:
             summary["identical_to_baseline"] = all(row["matches_baseline"] for row in rows)
     summary |= quality(rows, quality_metric)
@@ -159,7 +192,8 @@ def job_params(job: JobConfig) -> dict[str, Any]:
         "workers": job.workers,
         "draft_placement": job.draft_placement if job.workers == "ray" else None,
         "transport": job.transport if job.workers == "ray" else None,
-        "gamma": job.settings.gamma,
+        "gamma": "auto" if job.adaptive_gamma else job.settings.gamma,
+        "gamma_max": job.settings.gamma if job.adaptive_gamma else None,
         "temperature": sampling.temperature,
         "top_k": sampling.top_k,
         "top_p": sampling.top_p,
@@ -200,6 +234,13 @@ def _numeric_metrics(summary: dict[str, Any], traffic: dict | None) -> dict[str,
         metrics["bytes_per_iteration"] = float(traffic["bytes_per_iteration"])
     for i, rate in enumerate(summary["acceptance_by_position"], start=1):
         metrics[f"acceptance_at_position_{i}"] = rate
+    histogram = summary.get("gamma_histogram") or {}
+    for gamma, batches in histogram.items():
+        metrics[f"gamma_batches_{gamma}"] = float(batches)
+    if histogram:
+        metrics["gamma_mean"] = sum(int(g) * n for g, n in histogram.items()) / sum(
+            histogram.values()
+        )
     return metrics
 
 
@@ -223,7 +264,7 @@ def _acceptance_artifacts(summary: dict[str, Any], gamma: int) -> None:
     except ImportError:
         return
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    positions = list(range(1, gamma + 1))
+    positions = list(range(1, len(rates) + 1))
     ax.bar(positions, rates, label="measured")
     if alpha is not None:
         ax.plot(positions, [alpha**i for i in positions], "o--", color="C1", label="α^i (i.i.d.)")
@@ -394,7 +435,8 @@ def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
         ("models", f"target {job.target.spec.name}, draft {job.draft.spec.name}"),
         (
             "decoding",
-            f"γ={job.settings.gamma} T={sampling.temperature} top-k={sampling.top_k} "
+            f"γ={f'auto (0..{job.settings.gamma})' if job.adaptive_gamma else job.settings.gamma}"
+            f" T={sampling.temperature} top-k={sampling.top_k} "
             f"top-p={sampling.top_p} batch={job.settings.batch_size} workers={job.workers}",
         ),
         (
@@ -407,6 +449,10 @@ def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
         ("tokens/s target alone", _fmt(summary["baseline_tokens_per_s"])),
         ("acceptance rate α (ML)", _fmt(summary["alpha"])),
         ("  accepted / drafted", _fmt(summary["accepted_per_drafted"])),
+        (
+            "batches at each γ",
+            ", ".join(f"γ={g}: {n}" for g, n in (summary.get("gamma_histogram") or {}).items()),
+        ),
         ("tokens per iteration", _fmt(summary["mean_accepted_length"])),
         ("  predicted from α", _fmt(summary["predicted_tokens_per_iteration"])),
         ("acceptance by position", _fmt(summary["acceptance_by_position"])),

@@ -94,6 +94,7 @@ class JobConfig:
     draft: ResolvedModel
     vocab_path: str  # SentencePiece model
     settings: DecodeSettings
+    adaptive_gamma: bool = False  # --gamma auto: γ per batch in 0..settings.gamma (workers.gamma)
     workers: str = "ray"  # "ray" | "inprocess"
     draft_placement: str = DEFAULT_DRAFT_PLACEMENT  # ray: workers.spec.DRAFT_PLACEMENTS
     transport: str = DEFAULT_TRANSPORT  # ray: workers.spec.TRANSPORTS
@@ -234,8 +235,10 @@ def build_engine(
     ray_address: str | None,
     draft_placement: str = DEFAULT_DRAFT_PLACEMENT,
     transport: str = DEFAULT_TRANSPORT,
+    gamma_policy=None,
 ):
-    """An engine (workers.engine interface) over two ModelSpecs."""
+    """An engine (workers.engine interface) over two ModelSpecs; ``gamma_policy``
+    (workers.gamma.AdaptiveGamma) chooses γ per batch."""
     if workers == "ray":
         from workers.coordinator import RayEngine
 
@@ -246,11 +249,14 @@ def build_engine(
             address=ray_address,
             draft_placement=draft_placement,
             transport=transport,
+            gamma_policy=gamma_policy,
         )
     if workers == "inprocess":
         from workers.engine import InProcessEngine
 
-        return InProcessEngine(_bound_model(target), _bound_model(draft), settings)
+        return InProcessEngine(
+            _bound_model(target), _bound_model(draft), settings, gamma_policy=gamma_policy
+        )
     raise ValueError(f"--workers must be ray or inprocess, got {workers!r}")
 
 
@@ -324,8 +330,10 @@ class SpeculativeModelHandler(ModelHandler):
         warmup: bool = True,
         total_records: int = 0,
         progress: bool = True,
+        adaptive_gamma: bool = False,
     ):
         super().__init__()
+        self.adaptive_gamma = adaptive_gamma
         self.target, self.draft, self.settings = target, draft, settings
         self.workers, self.ray_address = workers, ray_address
         self.draft_placement, self.transport = draft_placement, transport
@@ -335,7 +343,13 @@ class SpeculativeModelHandler(ModelHandler):
         self._progress: Progress | None = None
 
     def load_model(self):
+        policy = None
+        if self.adaptive_gamma:
+            from workers.gamma import AdaptiveGamma
+
+            policy = AdaptiveGamma(self.settings.gamma, warm_up=self.warmup)
         engine = build_engine(
+            gamma_policy=policy,
             target=self.target,
             draft=self.draft,
             settings=self.settings,
@@ -685,6 +699,7 @@ def _run_and_close(records, *, job: JobConfig, job_id: str, parts: str) -> dict 
         warmup=job.warmup,
         total_records=len(records),
         progress=job.progress,
+        adaptive_gamma=job.adaptive_gamma,
     )
     try:
         run_pipeline(records, job=job, handler=handler, parts=parts)
@@ -705,7 +720,8 @@ def make_job(
     output: str,
     target: str | None = None,
     draft: str | None = None,
-    gamma: int = DEFAULT_GAMMA,
+    gamma: int | str = DEFAULT_GAMMA,
+    gamma_max: int | None = None,
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
@@ -722,6 +738,8 @@ def make_job(
 ) -> JobConfig:
     """Resolves models and vocabulary and validates settings into a JobConfig.
 
+    ``gamma``: drafted tokens per iteration, or ``"auto"``: chosen per batch in
+    0..``gamma_max`` from the job's measurements (workers.gamma).
     ``target``/``draft`` default to the embedded pair; ``options`` are the remaining
     JobConfig fields (limit, ray_address, tracking_uri, summary_json, beam_args, ...).
     Raises ValueError (ModelResolutionError, ConfigError, ...) with a message for users.
@@ -731,6 +749,17 @@ def make_job(
 
     if workers not in ("ray", "inprocess"):
         raise ValueError(f"--workers must be ray or inprocess, got {workers!r}")
+    adaptive = gamma == "auto"
+    if adaptive:
+        from workers.gamma import DEFAULT_GAMMA_MAX
+
+        gamma = DEFAULT_GAMMA_MAX if gamma_max is None else gamma_max
+        if gamma < 1:
+            raise ValueError(f"--gamma-max must be >= 1, got {gamma}")
+    elif not isinstance(gamma, int) or isinstance(gamma, bool):
+        raise ValueError(f"--gamma must be an integer >= 1 or 'auto', got {gamma!r}")
+    elif gamma_max is not None:
+        raise ValueError("--gamma-max is for --gamma auto only")
     placement = options.get("draft_placement", DEFAULT_DRAFT_PLACEMENT)
     if placement not in DRAFT_PLACEMENTS:
         raise ValueError(f"--draft-placement must be one of {DRAFT_PLACEMENTS}, got {placement!r}")
@@ -766,6 +795,7 @@ def make_job(
         draft=resolved["draft"],
         vocab_path=vocab_path,
         settings=settings,
+        adaptive_gamma=adaptive,
         workers=workers,
         compare_baseline=compare_baseline,
         max_input_tokens=max_input_tokens or kind.max_input_tokens,

@@ -153,3 +153,125 @@ def _check(alpha: float, gamma: int) -> None:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
     if gamma < 1:
         raise ValueError(f"gamma must be >= 1, got {gamma}")
+
+
+# ---------------------------------------------------------------- choosing γ from measurement
+
+
+def position_tests(accepted_by_position, iterations) -> tuple[np.ndarray, np.ndarray]:
+    """(tests, passes) at draft positions 1..γ from one decode's counts.
+
+    Algorithm 1 tests position i only when positions 1..i−1 were accepted, so position
+    1 is tested once per iteration and position i+1 as often as position i passed.
+    ``accepted_by_position``: accepted count at each position (summed over rows, or
+    [rows, γ]); ``iterations``: iterations (summed, or per row).
+    """
+    passes = np.asarray(accepted_by_position, np.float64)
+    if passes.ndim == 2:
+        passes = passes.sum(0)
+    total = float(np.sum(iterations))
+    tests = np.concatenate([[total], passes[:-1]]) if passes.size else passes
+    return tests, passes
+
+
+def position_acceptance(
+    tests, passes, *, prior_alpha: float, prior_strength: float, positions: int
+) -> list[float]:
+    """β̂_i, the probability that draft position i is accepted given 1..i−1 were, for
+    i = 1..positions (acceptance is not i.i.d.: it varies with the position).
+
+    Each position's rate is shrunk towards the pooled rate of all positions, itself
+    shrunk towards ``prior_alpha`` (``prior_strength`` pseudo-tests at each level), so
+    a position with few or no tests reads as the pooled α.
+    """
+    if not 0.0 <= prior_alpha <= 1.0:
+        raise ValueError(f"prior_alpha must be in [0, 1], got {prior_alpha}")
+    if prior_strength <= 0:
+        raise ValueError(f"prior_strength must be > 0, got {prior_strength}")
+    tests = np.asarray(tests, np.float64)
+    passes = np.asarray(passes, np.float64)
+    if tests.shape != passes.shape or (passes > tests + 1e-9).any() or (passes < 0).any():
+        raise ValueError(f"need 0 <= passes <= tests per position, got {passes} / {tests}")
+    pooled = (passes.sum() + prior_strength * prior_alpha) / (tests.sum() + prior_strength)
+    betas = []
+    for i in range(positions):
+        n, a = (tests[i], passes[i]) if i < tests.size else (0.0, 0.0)
+        betas.append(float((a + prior_strength * pooled) / (n + prior_strength)))
+    return betas
+
+
+def expected_tokens_by_position(betas, gamma: int) -> float:
+    """Expected tokens per iteration with per-position acceptance:
+    1 + Σ_{i=1..γ} Π_{j≤i} β_j (Equation 1 when every β_j = α); 1 at γ = 0."""
+    if gamma < 0 or gamma > len(betas):
+        raise ValueError(f"gamma must be in [0, {len(betas)}] (the βs given), got {gamma}")
+    if any(not 0.0 <= b <= 1.0 for b in betas):
+        raise ValueError(f"every β must be in [0, 1], got {list(betas)}")
+    return float(1.0 + np.cumprod(np.asarray(betas[:gamma], np.float64)).sum())
+
+
+def iteration_costs(
+    gamma_max: int,
+    *,
+    target_step_s: float,
+    draft_c: float,
+    target_slope: float,
+    overhead_s: float = 0.0,
+    measured_s: Mapping[int, float] | None = None,
+) -> dict[int, float]:
+    """Seconds per loop step for γ = 0..γ_max: γ = 0 is one target step decoding
+    alone; γ ≥ 1 is an iteration, γ draft steps + one target call on γ+1 tokens + the
+    loop's own work.
+
+    The model: T_target(k) = target_step_s·(1 + target_slope·(k − 1)), a draft step
+    draft_c·target_step_s. ``measured_s``: per-step times measured at some γ; those
+    are used as they are, and each unmeasured γ ≥ 1 takes the model's figure scaled by
+    measured / model at the nearest measured γ ≥ 1 (so the curve's shape comes from the
+    model and its level from measurement).
+    """
+    if gamma_max < 0:
+        raise ValueError(f"gamma_max must be >= 0, got {gamma_max}")
+    if target_step_s <= 0 or draft_c < 0 or target_slope < 0 or overhead_s < 0:
+        raise ValueError(
+            "need target_step_s > 0 and draft_c, target_slope, overhead_s >= 0, got "
+            f"{target_step_s}, {draft_c}, {target_slope}, {overhead_s}"
+        )
+    measured = {g: s for g, s in (measured_s or {}).items() if 0 <= g <= gamma_max}
+
+    def model(g: int) -> float:
+        if g == 0:
+            return target_step_s
+        target = target_step_s * (1.0 + target_slope * g)
+        return target + g * draft_c * target_step_s + overhead_s
+
+    anchors = sorted(g for g in measured if g >= 1)
+    costs = {}
+    for g in range(gamma_max + 1):
+        if g in measured:
+            costs[g] = float(measured[g])
+        elif g >= 1 and anchors:
+            near = min(anchors, key=lambda a: (abs(a - g), a))
+            costs[g] = model(g) * measured[near] / model(near)
+        else:
+            costs[g] = model(g)
+    return costs
+
+
+def gamma_improvements(betas, costs: Mapping[int, float]) -> dict[int, float]:
+    """The expected wall-time improvement of each γ over the target alone (Theorem 3.8
+    generalised): expected tokens per step from the βs over the step's cost, relative
+    to γ = 0 (one token per ``costs[0]``)."""
+    if 0 not in costs:
+        raise ValueError("need the target-alone step cost costs[0]")
+    return {
+        g: expected_tokens_by_position(betas, g) * costs[0] / costs[g]
+        for g in sorted(costs)
+        if g <= len(betas)
+    }
+
+
+def choose_gamma(betas, costs: Mapping[int, float]) -> int:
+    """The γ (0 = the target decodes alone) with the highest expected tokens per second;
+    the smallest γ among ties."""
+    improvements = gamma_improvements(betas, costs)
+    return max(improvements, key=lambda g: (improvements[g], -g))

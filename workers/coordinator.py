@@ -18,6 +18,7 @@ engine interface of :mod:`workers.engine`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -262,6 +263,7 @@ class RayEngine:
         address: str | None = None,
         draft_placement: str = DEFAULT_DRAFT_PLACEMENT,
         transport: str = DEFAULT_TRANSPORT,
+        gamma_policy=None,
     ):
         import ray
 
@@ -275,6 +277,7 @@ class RayEngine:
             raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         ensure_ray(address)
         self._ray, self.settings = ray, settings
+        self.gamma_policy = gamma_policy  # workers.gamma.AdaptiveGamma: γ ≤ settings.gamma
         self.draft_placement = draft_placement
         self.draft = self.coordinator = None
         worker = ray.remote(ModelWorker)
@@ -300,12 +303,33 @@ class RayEngine:
 
     def generate(self, requests: Sequence[Request]) -> list[Generation]:
         batch = pack(requests, self.settings)
+        if self.gamma_policy is not None:  # γ per batch (workers.gamma); 0: the target alone
+            result, _, seconds = self.gamma_policy.decode(
+                batch,
+                lambda gamma: self._ray.get(
+                    self.coordinator.generate.remote(
+                        batch, dataclasses.replace(self.settings, gamma=gamma)
+                    )
+                ),
+                lambda: self._ray.get(
+                    self.coordinator.generate_baseline.remote(batch, self.settings)
+                ),
+            )
+            return unpack(batch, result, wall_ms=1e3 * seconds)
         start = time.perf_counter()
         result = self._ray.get(self.coordinator.generate.remote(batch, self.settings))
         return unpack(batch, result, wall_ms=1e3 * (time.perf_counter() - start))
 
     def generate_baseline(self, requests: Sequence[Request]) -> list[Generation]:
         batch = pack(requests, self.settings)
+        if self.gamma_policy is not None:  # its time per step is the γ = 0 cost
+            result, seconds = self.gamma_policy.decode_baseline(
+                batch,
+                lambda: self._ray.get(
+                    self.coordinator.generate_baseline.remote(batch, self.settings)
+                ),
+            )
+            return unpack(batch, result, wall_ms=1e3 * seconds)
         start = time.perf_counter()
         result = self._ray.get(self.coordinator.generate_baseline.remote(batch, self.settings))
         return unpack(batch, result, wall_ms=1e3 * (time.perf_counter() - start))

@@ -16,6 +16,7 @@ derives from (job seed, request key, tokens generated).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Protocol
@@ -83,7 +84,8 @@ def decode_baseline(
 class InProcessEngine:
     """Draft and target in this process; ``compiled``: the whole speculative loop as one
     compiled call (the same tokens as the host loop, without a host round trip per
-    iteration)."""
+    iteration). ``gamma_policy`` (:class:`workers.gamma.AdaptiveGamma`): γ chosen per
+    batch (0: the target alone), ``settings.gamma`` being the largest."""
 
     def __init__(
         self,
@@ -92,6 +94,7 @@ class InProcessEngine:
         settings: DecodeSettings,
         *,
         compiled: bool = True,
+        gamma_policy=None,
     ):
         if target.vocab_size != draft.vocab_size:
             raise ValueError(
@@ -99,10 +102,23 @@ class InProcessEngine:
                 f"{target.name!r} has {target.vocab_size}: they must share a vocabulary"
             )
         self.target, self.draft, self.settings = target, draft, settings
-        self.compiled = compiled
+        self.compiled, self.gamma_policy = compiled, gamma_policy
 
     def generate(self, requests: Sequence[Request]) -> list[Generation]:
         batch = pack(requests, self.settings)
+        if self.gamma_policy is not None:
+            result, _, seconds = self.gamma_policy.decode(
+                batch,
+                lambda gamma: decode_speculative(
+                    self.target,
+                    self.draft,
+                    batch,
+                    dataclasses.replace(self.settings, gamma=gamma),
+                    compiled=self.compiled,
+                ),
+                lambda: decode_baseline(self.target, batch, self.settings),
+            )
+            return unpack(batch, result, wall_ms=1e3 * seconds)
         start = time.perf_counter()
         result = decode_speculative(
             self.target, self.draft, batch, self.settings, compiled=self.compiled
@@ -111,6 +127,11 @@ class InProcessEngine:
 
     def generate_baseline(self, requests: Sequence[Request]) -> list[Generation]:
         batch = pack(requests, self.settings)
+        if self.gamma_policy is not None:  # its time per step is the γ = 0 cost
+            result, seconds = self.gamma_policy.decode_baseline(
+                batch, lambda: decode_baseline(self.target, batch, self.settings)
+            )
+            return unpack(batch, result, wall_ms=1e3 * seconds)
         start = time.perf_counter()
         result = decode_baseline(self.target, batch, self.settings)
         return unpack(batch, result, wall_ms=1e3 * (time.perf_counter() - start))

@@ -1,0 +1,342 @@
+"""``--gamma auto``: the pure chooser (specdec_core.theory), the online policy
+(workers.gamma.AdaptiveGamma), greedy identity with the target alone, and exactness of
+the output distribution while γ changes from batch to batch (a G-test as in
+tests/test_exactness.py, with its negative control)."""
+
+import numpy as np
+import pytest
+
+from specdec_core import acceptance, decoding, theory
+from specdec_core.models import bound, registry, table
+from specdec_core.sampling import SamplingConfig
+from tests import test_exactness as exact
+from tests.stub_models import bound as bind_table
+from workers.batching import DecodeSettings, Request, pack
+from workers.engine import InProcessEngine
+from workers.gamma import AdaptiveGamma, GammaPrior
+
+# ---------------------------------------------------------------- the pure chooser
+
+
+def test_expected_tokens_by_position_generalises_equation_1():
+    for alpha in (0.0, 0.4, 0.9):
+        for gamma in (1, 3, 5):
+            assert theory.expected_tokens_by_position([alpha] * 5, gamma) == pytest.approx(
+                theory.expected_tokens(alpha, gamma)
+            )
+    # Not i.i.d.: 1 + β1 + β1β2 + β1β2β3.
+    assert theory.expected_tokens_by_position([0.8, 0.5, 0.25], 3) == pytest.approx(
+        1 + 0.8 + 0.4 + 0.1
+    )
+    assert theory.expected_tokens_by_position([0.8], 0) == 1.0
+    with pytest.raises(ValueError, match="gamma"):
+        theory.expected_tokens_by_position([0.5], 2)
+    with pytest.raises(ValueError, match="β"):
+        theory.expected_tokens_by_position([1.5], 1)
+
+
+def test_position_tests_follow_algorithm_1():
+    # 10 iterations at γ=3: position 1 accepted 6 times, 2 three times, 3 once.
+    tests, passes = theory.position_tests([6, 3, 1], 10)
+    assert tests.tolist() == [10, 6, 3] and passes.tolist() == [6, 3, 1]
+    # Per row ([B, γ] and [B]) sums the same.
+    tests2, passes2 = theory.position_tests([[4, 2, 1], [2, 1, 0]], [6, 4])
+    assert tests2.tolist() == tests.tolist() and passes2.tolist() == passes.tolist()
+
+
+def test_position_acceptance_shrinks_to_the_pooled_rate():
+    tests, passes = np.array([1000.0, 500.0]), np.array([500.0, 100.0])
+    betas = theory.position_acceptance(
+        tests, passes, prior_alpha=0.9, prior_strength=1.0, positions=4
+    )
+    # With many tests each position reads as its own rate ...
+    assert betas[0] == pytest.approx(0.5, abs=2e-3) and betas[1] == pytest.approx(0.2, abs=2e-3)
+    # ... an untested position as the pooled rate (600/1500), barely moved by the prior.
+    assert betas[2] == betas[3] == pytest.approx(0.4, abs=1e-3)
+    # Nothing measured: the prior.
+    assert theory.position_acceptance(
+        [], [], prior_alpha=0.3, prior_strength=5, positions=2
+    ) == pytest.approx([0.3, 0.3])
+    with pytest.raises(ValueError, match="passes"):
+        theory.position_acceptance([1], [2], prior_alpha=0.5, prior_strength=1, positions=1)
+
+
+def test_iteration_costs_model_and_measured_anchor():
+    model = theory.iteration_costs(
+        3, target_step_s=2.0, draft_c=0.1, target_slope=0.5, overhead_s=0.2
+    )
+    # γ=2: target on 3 tokens 2·(1 + 0.5·2) + 2 draft steps 2·0.2 + 0.2.
+    assert model[0] == 2.0 and model[2] == pytest.approx(4.0 + 0.4 + 0.2)
+    measured = theory.iteration_costs(
+        3,
+        target_step_s=2.0,
+        draft_c=0.1,
+        target_slope=0.5,
+        overhead_s=0.2,
+        measured_s={1: 6.0},
+    )
+    # γ=1 as measured, the others scaled by measured / model at γ=1.
+    assert measured[1] == 6.0
+    assert measured[3] == pytest.approx(model[3] * 6.0 / model[1])
+    assert measured[0] == 2.0
+
+
+def test_chooser_picks_the_target_alone_for_a_useless_draft():
+    costs = theory.iteration_costs(4, target_step_s=1.0, draft_c=0.05, target_slope=0.1)
+    assert theory.choose_gamma([0.02] * 4, costs) == 0
+    # Even a free draft does not pay when verification costs as much as decoding alone.
+    steep = theory.iteration_costs(4, target_step_s=1.0, draft_c=0.0, target_slope=1.0)
+    assert theory.choose_gamma([0.6] * 4, steep) == 0
+
+
+def test_chooser_picks_long_blocks_for_a_good_cheap_draft():
+    costs = theory.iteration_costs(6, target_step_s=1.0, draft_c=0.02, target_slope=0.02)
+    gamma = theory.choose_gamma([0.9] * 6, costs)
+    assert gamma >= 4
+    # Matches the paper's optimum when T(k) is flat and there is no overhead.
+    flat = theory.iteration_costs(12, target_step_s=1.0, draft_c=0.05, target_slope=0.0)
+    assert theory.choose_gamma([0.8] * 12, flat) == theory.optimal_gamma(0.8, 0.05, max_gamma=12)
+    # Acceptance that falls with the position shortens the block.
+    falling = [0.9, 0.9, 0.1, 0.1, 0.1, 0.1]
+    assert theory.choose_gamma(falling, costs) == 2
+    improvements = theory.gamma_improvements(falling, costs)
+    assert improvements[0] == 1.0 and improvements[2] == max(improvements.values())
+
+
+# ---------------------------------------------------------------- the online policy
+
+
+def _observe(policy, gamma, *, per_position, iterations=100, seconds_per_step=1.0):
+    counts = [iterations]
+    for beta in per_position[:gamma]:
+        counts.append(counts[-1] * beta)
+    policy.observe(
+        gamma,
+        seconds=seconds_per_step * iterations,
+        steps=iterations,
+        accepted_by_position=np.array(counts[1:]) if gamma else None,
+        iterations=iterations,
+    )
+
+
+def test_policy_drops_to_the_target_alone_when_nothing_is_accepted():
+    policy = AdaptiveGamma(4, prior=GammaPrior(alpha=0.6))
+    assert policy.choose() >= 1  # the prior says the draft might pay
+    _observe(policy, 0, per_position=[], seconds_per_step=1.0)
+    gamma = policy.choose()
+    _observe(policy, gamma, per_position=[0.0] * 4, seconds_per_step=1.3)
+    assert policy.betas()[0] < 0.2
+    assert policy.choose() == 0
+    assert policy.histogram() == {0: 1, gamma: 1}
+
+
+def test_policy_follows_the_measured_acceptance_and_costs():
+    policy = AdaptiveGamma(4, prior=GammaPrior(alpha=0.3))
+    _observe(policy, 0, per_position=[], seconds_per_step=1.0)
+    for _ in range(5):  # a draft that is almost always right and costs little
+        gamma = policy.choose()
+        _observe(policy, gamma, per_position=[0.95] * 4, seconds_per_step=1.0 + 0.08 * gamma)
+    assert policy.choose() == 4
+    assert policy.improvements()[4] > 2.5
+    # Now verification turns expensive: γ shrinks.
+    policy = AdaptiveGamma(4, prior=GammaPrior(alpha=0.3))
+    _observe(policy, 0, per_position=[], seconds_per_step=1.0)
+    for gamma in (1, 2, 3, 4):
+        _observe(policy, gamma, per_position=[0.6] * 4, seconds_per_step=1.0 + 0.4 * gamma)
+    assert policy.choose() == 1
+
+
+def test_policy_explores_once_in_a_while_while_position_1_is_untested():
+    policy = AdaptiveGamma(3, prior=GammaPrior(alpha=0.0), explore_every=3, explore_tests=50)
+    _observe(policy, 0, per_position=[])
+    assert policy.choose() == 0
+    _observe(policy, 0, per_position=[])
+    assert policy.choose() == 1  # the third batch in a row at 0 tries γ=1
+    _observe(policy, 1, per_position=[0.0], iterations=60, seconds_per_step=1.2)
+    for _ in range(5):  # position 1 now has 60 tests, all rejected: 0 from now on
+        assert policy.choose() == 0
+        _observe(policy, 0, per_position=[])
+
+
+def test_policy_rejects_counts_of_the_wrong_length():
+    policy = AdaptiveGamma(3)
+    with pytest.raises(ValueError, match="positions"):
+        policy.observe(2, seconds=1.0, steps=3, accepted_by_position=[1, 0, 0], iterations=3)
+    with pytest.raises(ValueError, match="gamma"):
+        policy.observe(4, seconds=1.0, steps=3)
+
+
+def _row(record_id, batch, tokens, iterations, by_position):
+    gamma = len(by_position)
+    return {
+        "id": record_id, "batch": batch, "wall_ms": 100.0, "tokens": tokens,
+        "iterations": iterations, "drafted": gamma * iterations, "accepted": sum(by_position),
+        "accepted_by_position": by_position, "baseline_wall_ms": 100.0,
+        "baseline_tokens": tokens, "matches_baseline": True, "output": "x", "reference": "x",
+    }  # fmt: skip
+
+
+def test_job_summary_with_gamma_changing_between_batches():
+    from pipelines import job_report
+
+    rows = [
+        _row("1", "a", 5, 5, []),  # γ=0: the target alone, 5 steps, no tests
+        _row("2", "a", 4, 4, []),
+        _row("3", "b", 6, 3, [2, 1]),  # γ=2: 3 iterations, 1 fully accepted
+        _row("4", "c", 5, 2, [2, 1, 0, 0]),  # γ=4
+    ]
+    summary = job_report.compute_summary(
+        rows, [], records_in=4, settings=DecodeSettings(gamma=4), compare_baseline=True,
+        quality_metric="bleu",
+    )  # fmt: skip
+    assert summary["gamma_histogram"] == {"0": 1, "2": 1, "4": 1}
+    # α from the speculative rows only: 3 + 3 accepted, tests 3 + (3 − 1) and 3 + (2 − 0).
+    assert summary["alpha"] == pytest.approx(6 / 10)
+    # Position i over the blocks that had it: (2 + 2) / 5, (1 + 1) / 5, then 0 / 2 twice.
+    assert summary["acceptance_by_position"] == pytest.approx([0.8, 0.4, 0.0, 0.0])
+    assert summary["c_estimate"] is None  # needs one γ for every batch
+    alpha = 0.6
+    expected = (
+        9 * 1 + 3 * (1 + alpha + alpha**2) + 2 * (1 + alpha + alpha**2 + alpha**3 + alpha**4)
+    ) / 14
+    assert summary["predicted_tokens_per_iteration"] == pytest.approx(expected)
+    metrics = job_report._numeric_metrics(summary, None)
+    assert metrics["gamma_batches_0"] == 1.0 and metrics["gamma_batches_4"] == 1.0
+    assert metrics["gamma_mean"] == pytest.approx(2.0)
+
+
+# ---------------------------------------------------------------- greedy identity
+
+VOCAB = 512
+CONFIG = registry.get_config("t5_tiny_test", vocab_size=VOCAB)
+
+
+def _requests(n: int, offset: int = 0) -> list[Request]:
+    rng = np.random.default_rng(offset)
+    return [
+        Request(
+            id=f"r{offset + i}",
+            prompt_tokens=(0,),
+            encoder_tokens=(*rng.integers(3, VOCAB, 3 + (i * 5) % 9).tolist(), 1),
+        )
+        for i in range(n)
+    ]
+
+
+class Scripted(AdaptiveGamma):
+    """The real policy's decode path with γ taken from a script (to force changes)."""
+
+    def __init__(self, gamma_max, script):
+        super().__init__(gamma_max)
+        self.script = list(script)
+
+    def choose(self) -> int:
+        return self.script.pop(0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("draft_seed", [0, 1])  # the target itself as draft / an unrelated one
+def test_auto_gamma_greedy_output_equals_the_target_alone(draft_seed):
+    settings = DecodeSettings(gamma=3, max_new_tokens=10, batch_size=2)
+    target = bound.load_model("target", "t5", CONFIG, init_seed=0)
+    draft = bound.load_model("draft", "t5", CONFIG, init_seed=draft_seed)
+    policy = AdaptiveGamma(3)
+    engine = InProcessEngine(target, draft, settings, gamma_policy=policy)
+    scripted = InProcessEngine(target, draft, settings, gamma_policy=Scripted(3, [0, 3, 1, 2]))
+    plain = InProcessEngine(target, draft, settings)
+    for offset in range(0, 8, 2):
+        reqs = _requests(2, offset=offset)
+        base = plain.generate_baseline(reqs)
+        engine.generate_baseline(reqs)  # the γ=0 cost, as --compare-baseline gives it
+        for auto in (engine.generate(reqs), scripted.generate(reqs)):
+            assert [g.tokens for g in auto] == [g.tokens for g in base]
+    assert scripted.gamma_policy.history == [0, 3, 1, 2]
+    # The measured acceptance moves β̂ from the prior: up when the draft is the target
+    # (everything accepted), down for an unrelated draft.
+    if draft_seed == 0:
+        assert policy.betas()[0] > policy.prior.alpha
+    else:
+        assert policy.betas()[0] < policy.prior.alpha
+
+
+def test_auto_gamma_rows_report_the_gamma_they_were_decoded_at():
+    settings = DecodeSettings(gamma=2, max_new_tokens=6, batch_size=2)
+    target = bound.load_model("target", "t5", CONFIG, init_seed=0)
+    engine = InProcessEngine(target, target, settings, gamma_policy=Scripted(2, [0, 2]))
+    reqs = _requests(2)
+    alone, spec = engine.generate(reqs), engine.generate(reqs)
+    assert all(g.accepted_by_position == [] and g.drafted == 0 for g in alone)
+    assert all(len(g.accepted_by_position) == 2 and g.drafted > 0 for g in spec)
+    assert [g.tokens for g in alone] == [g.tokens for g in spec]
+
+
+# ---------------------------------------------------------------- exactness while γ changes
+
+SCRIPT = [0, 1, 2, 3, 4, 2, 0, 3, 1, 4]  # γ of each of 10 batches of 5,000 samples
+PER_BATCH = exact.SAMPLES // len(SCRIPT)
+
+
+def _samples_with_changing_gamma(draft: np.ndarray, config: SamplingConfig, seed: int):
+    target_fn, draft_fn = (
+        bind_table(table.from_table(exact.TARGET)),
+        bind_table(table.from_table(draft)),
+    )
+    policy = Scripted(max(SCRIPT), SCRIPT)
+    outputs = []
+    for b in range(len(SCRIPT)):
+        rows = np.tile(np.array(exact.PROMPT, np.int32), (PER_BATCH, 1))
+        common = dict(
+            prompt_tokens=rows,
+            prompt_lengths=np.full(PER_BATCH, len(exact.PROMPT)),
+            request_ids=np.arange(b * PER_BATCH, (b + 1) * PER_BATCH),
+            max_new_tokens=exact.NEW_TOKENS,
+            sampling_config=config,
+            seed=seed,
+        )
+        batch = pack([Request(id="x", prompt_tokens=(0,))], DecodeSettings(gamma=4))
+        result, gamma, _ = policy.decode(
+            batch,
+            lambda g, common=common: decoding.speculative_generate(
+                target=target_fn,
+                target_cache=table.init_cache(PER_BATCH, 16),
+                draft=draft_fn,
+                draft_cache=table.init_cache(PER_BATCH, 16),
+                gamma=g,
+                **common,
+            ),
+            lambda common=common: decoding.autoregressive_generate(
+                target=target_fn, target_cache=table.init_cache(PER_BATCH, 16), **common
+            ),
+        )
+        assert gamma == SCRIPT[b] and result.accepted_by_position.shape[1] == gamma
+        assert (result.lengths == exact.NEW_TOKENS).all()
+        outputs.append(result.tokens)
+    return np.concatenate(outputs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "draft, config",
+    [
+        ("related", SamplingConfig(temperature=1.0)),
+        ("adversarial", SamplingConfig(temperature=0.8, top_k=3)),
+    ],
+)
+def test_samples_follow_the_target_while_gamma_changes(draft, config):
+    samples = _samples_with_changing_gamma(exact.DRAFTS[draft], config, seed=4321)
+    pvalue = exact.g_test_pvalue(samples, exact.exact_distribution(exact.TARGET, config))
+    assert pvalue > 1e-3, f"G-test rejects exactness under changing γ ({draft}): p={pvalue:.2e}"
+
+
+@pytest.mark.slow
+def test_negative_control_wrong_rule_is_caught_while_gamma_changes(monkeypatch):
+    config = SamplingConfig(temperature=1.0)
+    monkeypatch.setattr(acceptance, "accept", exact._biased_accept)
+    decoding._verify_commit_fn.cache_clear()
+    try:
+        samples = _samples_with_changing_gamma(exact.DRAFTS["independent"], config, seed=4321)
+    finally:
+        monkeypatch.undo()
+        decoding._verify_commit_fn.cache_clear()
+    pvalue = exact.g_test_pvalue(samples, exact.exact_distribution(exact.TARGET, config))
+    assert pvalue < 1e-6, f"the wrong rule went undetected under changing γ (p={pvalue:.2e})"

@@ -1,0 +1,248 @@
+"""``--gamma auto``: the draft length chosen per batch from what the job has measured.
+
+:class:`AdaptiveGamma` is the engines' policy object. Before each batch it picks
+γ ∈ {0, 1, …, γ_max} by :func:`specdec_core.theory.choose_gamma`: expected tokens per
+loop step from per-position acceptance β_i (:func:`theory.position_acceptance`) over
+the step's cost (:func:`theory.iteration_costs`), relative to the target decoding
+alone (γ = 0). After each batch the engine reports what it measured
+(:meth:`AdaptiveGamma.observe`): acceptance counts per position, and wall seconds per
+loop step of the batch (everything the batch cost, per-request work included, over
+its loop steps, so the ratio compares tokens per second).
+
+γ = 0 runs the target alone for that batch: the same tokens as the baseline (the
+baseline is the target). For γ ≥ 1 every iteration is Algorithm 1 at that γ; the
+choice depends only on earlier batches, never on the draws of the batch it is used
+for, so each record's output keeps the target's distribution.
+
+Start: a prior (α, the draft's cost ratio c, the target's cost growth per verified
+token), which the model configs or a previous run can give; until a position has
+been tested, its β reads as the prior's α. While γ = 0 is the choice and position 1
+has fewer than ``explore_tests`` tests, one batch in ``explore_every`` runs at γ = 1
+so that a pessimistic prior can be corrected; later, γ = 0 is final.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from specdec_core import theory
+from specdec_core.decoding import DecodeResult
+from workers.batching import PackedBatch
+
+DEFAULT_GAMMA_MAX = 4
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GammaPrior:
+    """What is assumed before anything is measured."""
+
+    alpha: float = 0.5  # acceptance at every position
+    strength: float = 20.0  # pseudo-tests behind the prior α (and behind each position's pooling)
+    draft_c: float = 0.15  # draft step / target step
+    target_slope: float = 0.15  # extra target-call time per extra verified token / target step
+    overhead: float = 0.1  # loop work per iteration / target step
+
+
+class AdaptiveGamma:
+    """Online γ choice for one job (thread-safe: Beam may decode from several threads)."""
+
+    def __init__(
+        self,
+        gamma_max: int = DEFAULT_GAMMA_MAX,
+        *,
+        prior: GammaPrior | None = None,
+        explore_every: int = 4,
+        explore_tests: int = 64,
+        warm_up: bool = True,
+    ):
+        if gamma_max < 0:
+            raise ValueError(f"gamma_max must be >= 0, got {gamma_max}")
+        if explore_every < 1:
+            raise ValueError(f"explore_every must be >= 1, got {explore_every}")
+        self.gamma_max, self.prior = gamma_max, prior or GammaPrior()
+        self.explore_every, self.explore_tests = explore_every, explore_tests
+        self.warm_up = warm_up
+        self._tests = np.zeros(gamma_max)
+        self._passes = np.zeros(gamma_max)
+        # γ -> (seconds, loop steps) summed over the batches timed at that γ.
+        self._time: dict[int, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+        self._draft_c: list[float] = []  # draft step / target step, where the split is known
+        self.history: list[int] = []  # γ of every batch decoded, in order
+        self._zeros_in_a_row = 0
+        self._seen: set[tuple] = set()  # (γ, padded shape) already compiled
+        self._lock = threading.Lock()
+
+    # ---------------------------------------------------------------- estimates
+
+    def betas(self) -> list[float]:
+        with self._lock:
+            return self._betas()
+
+    def _betas(self) -> list[float]:
+        return theory.position_acceptance(
+            self._tests,
+            self._passes,
+            prior_alpha=self.prior.alpha,
+            prior_strength=self.prior.strength,
+            positions=self.gamma_max,
+        )
+
+    def costs(self) -> dict[int, float]:
+        """Estimated seconds per loop step for γ = 0..γ_max (relative units before any
+        measurement: a target step = 1)."""
+        with self._lock:
+            return self._costs()
+
+    def _costs(self) -> dict[int, float]:
+        measured = {g: s / n for g, (s, n) in self._time.items() if n > 0}
+        target_step = measured.get(0)
+        if target_step is None and measured:  # infer a target step from the nearest γ
+            g = min(measured)
+            model = theory.iteration_costs(
+                g,
+                target_step_s=1.0,
+                draft_c=self._c(),
+                target_slope=self.prior.target_slope,
+                overhead_s=self.prior.overhead,
+            )
+            target_step = measured[g] / model[g]
+        target_step = target_step or 1.0
+        return theory.iteration_costs(
+            self.gamma_max,
+            target_step_s=target_step,
+            draft_c=self._c(),
+            target_slope=self.prior.target_slope,
+            overhead_s=self.prior.overhead * target_step,
+            measured_s=measured,
+        )
+
+    def _c(self) -> float:
+        return float(np.median(self._draft_c)) if self._draft_c else self.prior.draft_c
+
+    def improvements(self) -> dict[int, float]:
+        with self._lock:
+            return theory.gamma_improvements(self._betas(), self._costs())
+
+    # ---------------------------------------------------------------- the policy
+
+    def choose(self) -> int:
+        """γ for the next batch (recorded in :attr:`history` by :meth:`observe`)."""
+        with self._lock:
+            if self.gamma_max == 0:
+                return 0
+            best = theory.choose_gamma(self._betas(), self._costs())
+            if (
+                best == 0
+                and self._tests[0] < self.explore_tests
+                and self._zeros_in_a_row >= self.explore_every - 1
+            ):
+                return 1
+            return best
+
+    def observe(
+        self,
+        gamma: int,
+        *,
+        seconds: float | None,
+        steps: int,
+        accepted_by_position=None,
+        iterations=None,
+        draft_s: float | None = None,
+    ) -> None:
+        """What one batch measured: its γ; ``seconds`` of wall time over ``steps`` loop
+        steps (None: not to be used, e.g. it included compilation); for γ ≥ 1 the
+        accepted count at each draft position and the iterations (summed over rows or
+        per row); ``draft_s`` seconds in draft calls where the engine splits them."""
+        if not 0 <= gamma <= self.gamma_max:
+            raise ValueError(f"gamma must be in [0, {self.gamma_max}], got {gamma}")
+        with self._lock:
+            self.history.append(gamma)
+            self._zeros_in_a_row = self._zeros_in_a_row + 1 if gamma == 0 else 0
+            if gamma >= 1 and accepted_by_position is not None:
+                tests, passes = theory.position_tests(accepted_by_position, iterations)
+                if tests.size != gamma:
+                    raise ValueError(f"{tests.size} positions of acceptance counts for γ={gamma}")
+                self._tests[:gamma] += tests
+                self._passes[:gamma] += passes
+            if seconds is None or steps <= 0 or not math.isfinite(seconds):
+                return
+            self._time[gamma][0] += seconds
+            self._time[gamma][1] += steps
+            target_step = self._time.get(0)
+            if (
+                gamma >= 1
+                and draft_s is not None
+                and math.isfinite(draft_s)
+                and target_step is not None
+                and target_step[1] > 0
+            ):
+                step = target_step[0] / target_step[1]
+                self._draft_c.append(draft_s / (steps * gamma) / step)
+
+    def histogram(self) -> dict[int, int]:
+        """Batches decoded at each γ."""
+        with self._lock:
+            return dict(sorted(collections.Counter(self.history).items()))
+
+    # ---------------------------------------------------------------- engines' hooks
+
+    def decode(
+        self,
+        batch: PackedBatch,
+        speculative: Callable[[int], DecodeResult],
+        baseline: Callable[[], DecodeResult],
+    ) -> tuple[DecodeResult, int, float]:
+        """Decodes one packed batch at the γ chosen now: ``speculative(γ)`` for γ ≥ 1,
+        ``baseline()`` (the target alone) for γ = 0; observes what it measured.
+        Returns (result, γ, wall seconds). The first batch of a (γ, shape) compiles, so
+        its time is not used; with :attr:`warm_up` a γ new for a shape already decoded is
+        run once untimed first (so a switch of γ does not put compilation into the
+        job's timings)."""
+        gamma = self.choose()
+        run = baseline if gamma == 0 else (lambda: speculative(gamma))
+        result, seconds, compiled = self._timed(batch, gamma, run, warm_up=self.warm_up)
+        self.observe(
+            gamma,
+            seconds=None if compiled else seconds,
+            steps=int(np.max(result.iterations)),
+            accepted_by_position=result.accepted_by_position if gamma else None,
+            iterations=result.iterations,
+            draft_s=result.draft_s,
+        )
+        return result, gamma, seconds
+
+    def decode_baseline(
+        self, batch: PackedBatch, baseline: Callable[[], DecodeResult]
+    ) -> tuple[DecodeResult, float]:
+        """The target alone on one batch (``--compare-baseline``); its time per step is
+        the γ = 0 cost (not a batch of the job's own decoding: not in :attr:`history`)."""
+        result, seconds, compiled = self._timed(batch, 0, baseline, warm_up=False)
+        if not compiled:
+            with self._lock:
+                self._time[0][0] += seconds
+                self._time[0][1] += int(np.max(result.iterations))
+        return result, seconds
+
+    def _timed(self, batch: PackedBatch, gamma: int, run, *, warm_up: bool):
+        shape = (
+            None if batch.encoder_tokens is None else batch.encoder_tokens.shape,
+            batch.prompt_tokens.shape,
+            batch.max_len,
+        )
+        with self._lock:
+            new = (gamma, shape) not in self._seen
+            shape_known = any(s == shape for _, s in self._seen)
+            self._seen.add((gamma, shape))
+        if new and warm_up and shape_known:
+            run()
+            new = False
+        start = time.perf_counter()
+        result = run()
+        return result, time.perf_counter() - start, new
