@@ -268,10 +268,15 @@ def engine_traffic(job_id: str) -> dict | None:
     totals = [e.traffic() for e in engines]
     iterations = sum(t["iterations"] for t in totals)
     n_bytes = sum(t["bytes"] for t in totals)
+    restarts: dict[str, int] = {}  # Ray restarts of each actor (workers.recovery)
+    for engine in engines:
+        for role, count in engine.restarts().items():
+            restarts[role] = restarts.get(role, 0) + count
     return {
         "iterations": iterations,
         "bytes": n_bytes,
         "bytes_per_iteration": n_bytes / max(iterations, 1),
+        "worker_restarts": restarts,
     }
 
 
@@ -649,6 +654,7 @@ def run_job(job: JobConfig) -> dict[str, Any]:
         summary |= {
             "records_resumed": len(done),
             "bytes_per_iteration": traffic["bytes_per_iteration"] if traffic else None,
+            "worker_restarts": traffic["worker_restarts"] if traffic else None,
             "job_s": time.perf_counter() - started,
             "first_record_s": first_record_s(job_id),
             "output": job.output,

@@ -14,6 +14,14 @@ coordinator counts every byte that crosses between processes.
 ``RayEngine`` is what jobs use: it starts (or joins, with ``address``) a Ray
 instance, places the two workers and a coordinator as actors, and exposes the
 engine interface of :mod:`workers.engine`.
+
+Workers that die come back (:mod:`workers.recovery`): every actor has
+``max_restarts``; when a worker's process goes away mid-batch, the coordinator waits
+for Ray to restart it (its ``__init__`` reloads the model), reopens its channel,
+re-prefills both workers from the batch's committed tokens and continues, with the
+same tokens as an uninterrupted run. When the coordinator itself dies (with the draft
+it hosts), the engine re-runs the batch on the restarted coordinator. A worker that
+keeps dying fails the batch with :class:`~workers.recovery.WorkerLost`.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from collections.abc import Sequence
 import jax
 
 from specdec_core import decoding
-from workers import wire
+from workers import recovery, wire
 from workers.batching import DecodeSettings, Generation, PackedBatch, Request, pack, unpack
 from workers.channel import ChannelClient, ChannelClosed
 from workers.spec import (
@@ -40,7 +48,7 @@ from workers.spec import (
 )
 
 
-class SpeculativeCoordinator:
+class SpeculativeCoordinator(recovery.Restartable):
     """Drives a target worker (a Ray actor) and a draft for packed batches.
 
     The draft is either another actor (``draft``) or, with ``draft_spec``, a
@@ -56,6 +64,8 @@ class SpeculativeCoordinator:
         *,
         draft_spec: ModelSpec | None = None,
         transport: str = DEFAULT_TRANSPORT,
+        max_batch_failures: int = recovery.DEFAULT_MAX_BATCH_FAILURES,
+        restart_timeout_s: float = recovery.DEFAULT_RESTART_TIMEOUT_S,
     ):
         import ray
 
@@ -77,6 +87,23 @@ class SpeculativeCoordinator:
         self._target_channel = self._draft_channel = None
         if transport == "socket":
             self._open_channels()
+        self.max_batch_failures, self.restart_timeout_s = max_batch_failures, restart_timeout_s
+        self.restarts = {"target": 0, "draft": 0}  # worker restarts this coordinator saw
+        self.resumes = 0  # batches resumed from their committed state after a death
+        self._lost: str | None = None  # a worker gone for good: every batch fails at once
+        self._instances = {
+            role: recovery.await_actor(actor, f"{role} worker", timeout_s=restart_timeout_s)
+            for role, actor in self._remote_workers().items()
+        }
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            for actor in self._remote_workers().values():  # the dead coordinator's batches
+                actor.release_all.remote()
+
+    def _remote_workers(self) -> dict:
+        """role -> actor handle of the workers in other processes."""
+        if self.draft is None:
+            return {"target": self.target}
+        return {"target": self.target, "draft": self.draft}
 
     def _open_channels(self) -> None:
         """Connects to each remote worker's channel; falls back to Ray calls if one fails."""
@@ -154,12 +181,17 @@ class SpeculativeCoordinator:
         committed = self.draft.call.remote("recover_and_propose", to_draft, scored)
         ray.wait([scored], fetch_local=False)
         score_s = time.perf_counter() - t0
-        result, score_blob = ray.get(committed), ray.get(scored)
+        score_blob = ray.get(scored)  # first: a dead target's error, not the draft's
+        result = ray.get(committed)
         crossed = len(to_target) + len(to_draft) + len(score_blob) + len(result)
         return (*wire.loads(result), crossed, score_s)
 
-    def generate(self, batch: PackedBatch, settings: DecodeSettings) -> decoding.DecodeResult:
-        ray, draft, target, local = self._ray, self.draft, self.target, self.local_draft
+    def generate(self, batch: PackedBatch, settings: DecodeSettings):
+        """Decodes one batch: (DecodeResult, the worker restarts this coordinator saw).
+
+        A worker that dies mid-batch costs only the iteration in flight: the batch
+        resumes from its last committed state once the worker is back.
+        """
         batch_id = uuid.uuid4().hex
         start = time.perf_counter()
         state = jax.device_get(
@@ -172,56 +204,116 @@ class SpeculativeCoordinator:
                 gamma=settings.gamma,
             )
         )
-        args = (batch.encoder_tokens, batch.prompt_tokens, batch.prompt_lengths, batch.max_len)
+        seconds = {"draft": 0.0, "target": 0.0}
+        progress = [state]  # the last committed state, kept across worker deaths
+        attempts = []
+
+        def attempt():
+            self.resumes += bool(attempts)
+            attempts.append(len(attempts))
+            return self._decode(batch_id, batch, progress, settings, seconds)
+
+        try:
+            state = self._retrying(attempt, lambda: int(progress[0].n_generated.sum()))
+        finally:
+            if self.local_draft is not None:
+                self.local_draft.release(batch_id)
+            for actor in self._remote_workers().values():
+                actor.release.remote(batch_id)
+        total = time.perf_counter() - start
+        result = decoding.result_from_state(
+            state,
+            batch.max_new_tokens,
+            0,
+            draft_s=seconds["draft"],
+            target_s=seconds["target"],
+            overhead_s=total - seconds["draft"] - seconds["target"],
+            total_s=total,
+        )
+        return result, dict(self.restarts)
+
+    def _decode(self, batch_id, batch: PackedBatch, progress: list, settings, seconds: dict):
+        """Prefills both workers from the committed state ``progress[0]`` (the prompts,
+        at first) and runs the loop to the end, updating ``progress[0]``; adds the
+        time inside draft and target calls to ``seconds``."""
+        ray, target, local = self._ray, self.target, self.local_draft
+        state = progress[0]
+        if int(state.n_generated.max()) == 0:
+            prompts = batch.prompt_tokens, batch.prompt_lengths
+        else:
+            prompts = recovery.committed_prompts(
+                batch.prompt_tokens,
+                batch.prompt_lengths,
+                state.out_tokens,
+                state.n_generated,
+                batch.max_len,
+            )
+        args = (batch.encoder_tokens, *prompts, batch.max_len)
         started = [target.start.remote(batch_id, *args)]
         if local is not None:
             local.start(batch_id, *args)  # while the target prefills
         else:
-            started.append(draft.start.remote(batch_id, *args))
+            started.append(self.draft.start.remote(batch_id, *args))
         ray.get(started)
-        draft_s = target_s = 0.0
         t0 = time.perf_counter()
         tokens, token_probs = self._draft_call("propose_first", batch_id, state, settings)
-        draft_s += time.perf_counter() - t0
-        try:
-            while True:
-                t0 = time.perf_counter()
-                state, tokens, token_probs, crossed, score_s = self._iterate(
-                    batch_id, state, tokens, token_probs, settings
-                )
-                self.traffic_bytes += crossed
-                self.iterations += 1
-                target_s += score_s
-                draft_s += time.perf_counter() - t0 - score_s
-                if state.done.all():
-                    break
-        finally:
-            if local is not None:
-                local.release(batch_id)
-            else:
-                draft.release.remote(batch_id)
-            target.release.remote(batch_id)
-        total = time.perf_counter() - start
-        return decoding.result_from_state(
-            state,
-            batch.max_new_tokens,
-            0,
-            draft_s=draft_s,
-            target_s=target_s,
-            overhead_s=total - draft_s - target_s,
-            total_s=total,
+        seconds["draft"] += time.perf_counter() - t0
+        while True:
+            self._step()  # (kill_after: a test's fault)
+            t0 = time.perf_counter()
+            state, tokens, token_probs, crossed, score_s = self._iterate(
+                batch_id, state, tokens, token_probs, settings
+            )
+            progress[0] = state
+            self.traffic_bytes += crossed
+            self.iterations += 1
+            seconds["target"] += score_s
+            seconds["draft"] += time.perf_counter() - t0 - score_s
+            if state.done.all():
+                return state
+
+    def _retrying(self, attempt, progress=lambda: 0):
+        """``attempt()`` with :func:`recovery.retrying` (resumed after worker deaths)."""
+        if self._lost is not None:
+            raise recovery.WorkerLost(self._lost)
+        return recovery.retrying(
+            attempt, recover=self._recover, max_failures=self.max_batch_failures, progress=progress
         )
+
+    def _recover(self) -> None:
+        """Waits for every remote worker to answer (a dead one restarted), counts the
+        restarts and reopens the channels."""
+        for role, actor in self._remote_workers().items():
+            try:
+                instance = recovery.await_actor(
+                    actor, f"{role} worker", timeout_s=self.restart_timeout_s
+                )
+            except recovery.WorkerLost as error:
+                self._lost = str(error)  # gone for good: later batches fail at once
+                raise
+            if instance != self._instances[role]:
+                self.restarts[role] += 1
+                self._instances[role] = instance
+        if self.transport == "socket":
+            for channel in (self._target_channel, self._draft_channel):
+                if channel is not None:
+                    channel.close()
+            self._target_channel = self._draft_channel = None
+            self._open_channels()
 
     def generate_baseline(
         self, batch: PackedBatch, settings: DecodeSettings
     ) -> decoding.DecodeResult:
-        return self._ray.get(self.target.generate_alone.remote(batch, settings))
+        return self._retrying(
+            lambda: self._ray.get(self.target.generate_alone.remote(batch, settings))
+        )
 
     def traffic(self) -> dict:
         return {
             "iterations": self.iterations,
             "bytes": self.traffic_bytes,
             "bytes_per_iteration": self.traffic_bytes / max(self.iterations, 1),
+            "resumes": self.resumes,
         }
 
 
@@ -264,6 +356,8 @@ class RayEngine:
         draft_placement: str = DEFAULT_DRAFT_PLACEMENT,
         transport: str = DEFAULT_TRANSPORT,
         gamma_policy=None,
+        max_restarts: int = recovery.DEFAULT_MAX_RESTARTS,
+        max_batch_failures: int = recovery.DEFAULT_MAX_BATCH_FAILURES,
     ):
         import ray
 
@@ -280,19 +374,38 @@ class RayEngine:
         self.gamma_policy = gamma_policy  # workers.gamma.AdaptiveGamma: γ ≤ settings.gamma
         self.draft_placement = draft_placement
         self.draft = self.coordinator = None
-        worker = ray.remote(ModelWorker)
-        coordinator = ray.remote(SpeculativeCoordinator)
+        if max_restarts < 0 or max_batch_failures < 0:
+            raise ValueError(
+                f"max_restarts and max_batch_failures must be >= 0, got {max_restarts} "
+                f"and {max_batch_failures}"
+            )
+        # Ray restarts a dead actor (re-running __init__); the calls are retried here.
+        restartable = {"max_restarts": max_restarts, "max_task_retries": 0}
+        worker = ray.remote(**restartable)(ModelWorker)
+        coordinator = ray.remote(**restartable)(SpeculativeCoordinator)
+        self.max_batch_failures = max_batch_failures
+        failures = {"max_batch_failures": max_batch_failures}
         self.target = worker.options(**target.placement.ray_options()).remote(target)
         if draft_placement == "worker":
             self.draft = worker.options(**draft.placement.ray_options()).remote(draft)
             self.coordinator = coordinator.options(num_cpus=0).remote(
-                self.draft, self.target, transport=transport
+                self.draft,
+                self.target,
+                transport=transport,
+                **failures,
             )
         else:
             self.coordinator = coordinator.options(**draft.placement.ray_options()).remote(
-                None, self.target, draft_spec=draft, transport=transport
+                None,
+                self.target,
+                draft_spec=draft,
+                transport=transport,
+                **failures,
             )
         infos = ray.get([self.target.info.remote(), self.coordinator.draft_info.remote()])
+        self._coordinator_instance = ray.get(self.coordinator.instance.remote())
+        self._restarts = {"target": 0, "draft": 0, "coordinator": 0}
+        self._seen = {"target": 0, "draft": 0}  # counted by the coordinator now running
         self.transport = infos[1]["transport"]  # "ray" if the channel could not connect
         if infos[0]["vocab_size"] != infos[1]["vocab_size"]:
             self.close()
@@ -306,18 +419,14 @@ class RayEngine:
         if self.gamma_policy is not None:  # γ per batch (workers.gamma); 0: the target alone
             result, _, seconds = self.gamma_policy.decode(
                 batch,
-                lambda gamma: self._ray.get(
-                    self.coordinator.generate.remote(
-                        batch, dataclasses.replace(self.settings, gamma=gamma)
-                    )
+                lambda gamma: self._generate(
+                    batch, dataclasses.replace(self.settings, gamma=gamma)
                 ),
-                lambda: self._ray.get(
-                    self.coordinator.generate_baseline.remote(batch, self.settings)
-                ),
+                lambda: self._on_coordinator("generate_baseline", batch, self.settings),
             )
             return unpack(batch, result, wall_ms=1e3 * seconds)
         start = time.perf_counter()
-        result = self._ray.get(self.coordinator.generate.remote(batch, self.settings))
+        result = self._generate(batch, self.settings)
         return unpack(batch, result, wall_ms=1e3 * (time.perf_counter() - start))
 
     def generate_baseline(self, requests: Sequence[Request]) -> list[Generation]:
@@ -325,14 +434,50 @@ class RayEngine:
         if self.gamma_policy is not None:  # its time per step is the γ = 0 cost
             result, seconds = self.gamma_policy.decode_baseline(
                 batch,
-                lambda: self._ray.get(
-                    self.coordinator.generate_baseline.remote(batch, self.settings)
-                ),
+                lambda: self._on_coordinator("generate_baseline", batch, self.settings),
             )
             return unpack(batch, result, wall_ms=1e3 * seconds)
         start = time.perf_counter()
-        result = self._ray.get(self.coordinator.generate_baseline.remote(batch, self.settings))
+        result = self._on_coordinator("generate_baseline", batch, self.settings)
         return unpack(batch, result, wall_ms=1e3 * (time.perf_counter() - start))
+
+    def _generate(self, batch: PackedBatch, settings: DecodeSettings) -> decoding.DecodeResult:
+        result, self._seen = self._on_coordinator("generate", batch, settings)
+        return result
+
+    def _on_coordinator(self, method: str, *args):
+        """A coordinator call, made again on the restarted coordinator if it died (a
+        batch then starts over: the same tokens, since every draw derives from (seed,
+        request id, step)). A coordinator's ``WorkerLost`` is raised as itself."""
+        ray = self._ray
+
+        def attempt():
+            try:
+                return ray.get(getattr(self.coordinator, method).remote(*args))
+            except ray.exceptions.RayTaskError as error:
+                if isinstance(error.cause, recovery.WorkerLost):
+                    raise error.cause from error
+                raise
+
+        return recovery.retrying(
+            attempt, recover=self._coordinator_back, max_failures=self.max_batch_failures
+        )
+
+    def _coordinator_back(self) -> None:
+        instance = recovery.await_actor(self.coordinator, "coordinator")
+        if instance != self._coordinator_instance:
+            self._coordinator_instance = instance
+            self._restarts["coordinator"] += 1
+            for role, count in self._seen.items():  # what the dead one had counted
+                self._restarts[role] += count
+            self._seen = {"target": 0, "draft": 0}
+
+    def restarts(self) -> dict[str, int]:
+        """Ray restarts of each actor so far: {"target", "draft", "coordinator"}.
+
+        A draft hosted by the coordinator restarts with it (counted as "coordinator").
+        """
+        return {role: count + self._seen.get(role, 0) for role, count in self._restarts.items()}
 
     def traffic(self) -> dict:
         return self._ray.get(self.coordinator.traffic.remote())

@@ -37,7 +37,7 @@ import numpy as np
 from specdec_core import decoding
 from specdec_core.models.bound import BoundModel, load_model
 from specdec_core.sampling import SamplingConfig
-from workers import wire
+from workers import recovery, wire
 from workers.batching import DecodeSettings
 from workers.spec import ModelSpec
 
@@ -96,7 +96,7 @@ def dense_rows(sparse: tuple[np.ndarray | None, ...], rows: np.ndarray, shape) -
     return dense
 
 
-class ModelWorker:
+class ModelWorker(recovery.Restartable):
     """Hosts one model; see the module docstring for the protocol."""
 
     def __init__(self, spec: ModelSpec):
@@ -188,6 +188,7 @@ class ModelWorker:
         """
         if method not in WIRE_METHODS:
             raise ValueError(f"{method!r} is not a wire method (one of {WIRE_METHODS})")
+        self._step()  # (kill_after: a test's fault)
         args = tuple(wire.loads(payload))
         for result in chained:
             args += tuple(wire.loads(result))
@@ -202,3 +203,8 @@ class ModelWorker:
     def release(self, batch_id: str) -> None:
         self._caches.pop(batch_id, None)
         self._proposals.pop(batch_id, None)
+
+    def release_all(self) -> None:
+        """Drops every batch (a restarted coordinator's predecessor left its own)."""
+        self._caches.clear()
+        self._proposals.clear()
