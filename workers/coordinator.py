@@ -38,7 +38,7 @@ import jax
 from specdec_core import decoding
 from workers import recovery, wire
 from workers.batching import DecodeSettings, Generation, PackedBatch, Request, pack, unpack
-from workers.channel import ChannelClient, ChannelClosed
+from workers.channel import ChannelClient, ChannelClosed, new_secret
 from workers.spec import (
     DEFAULT_DRAFT_PLACEMENT,
     DEFAULT_TRANSPORT,
@@ -66,6 +66,7 @@ class SpeculativeCoordinator(recovery.Restartable):
         transport: str = DEFAULT_TRANSPORT,
         max_batch_failures: int = recovery.DEFAULT_MAX_BATCH_FAILURES,
         restart_timeout_s: float = recovery.DEFAULT_RESTART_TIMEOUT_S,
+        channel_secret: bytes | None = None,
     ):
         import ray
 
@@ -85,6 +86,7 @@ class SpeculativeCoordinator(recovery.Restartable):
         self.iterations = 0
         self.transport = transport
         self._target_channel = self._draft_channel = None
+        self._channel_secret = channel_secret or new_secret()  # the job's (RayEngine's)
         if transport == "socket":
             self._open_channels()
         self.max_batch_failures, self.restart_timeout_s = max_batch_failures, restart_timeout_s
@@ -114,9 +116,10 @@ class SpeculativeCoordinator(recovery.Restartable):
             else {"target": self.target, "draft": self.draft}
         )
         try:
-            addresses = ray.get([actor.open_channel.remote() for actor in remote.values()])
+            secret = self._channel_secret
+            addresses = ray.get([actor.open_channel.remote(secret) for actor in remote.values()])
             clients = {
-                role: ChannelClient(address, name=f"{role} worker")
+                role: ChannelClient(address, secret=secret, name=f"{role} worker")
                 for role, address in zip(remote, addresses, strict=True)
             }
         except (ChannelClosed, OSError) as error:
@@ -385,6 +388,9 @@ class RayEngine:
         coordinator = ray.remote(**restartable)(SpeculativeCoordinator)
         self.max_batch_failures = max_batch_failures
         failures = {"max_batch_failures": max_batch_failures}
+        # The workers' channels serve only this job's coordinator (workers.channel); a
+        # restarted coordinator gets the same constructor arguments, so the same secret.
+        self._channel_secret = new_secret()
         self.target = worker.options(**target.placement.ray_options()).remote(target)
         if draft_placement == "worker":
             self.draft = worker.options(**draft.placement.ray_options()).remote(draft)
@@ -392,6 +398,7 @@ class RayEngine:
                 self.draft,
                 self.target,
                 transport=transport,
+                channel_secret=self._channel_secret,
                 **failures,
             )
         else:
@@ -400,6 +407,7 @@ class RayEngine:
                 self.target,
                 draft_spec=draft,
                 transport=transport,
+                channel_secret=self._channel_secret,
                 **failures,
             )
         infos = ray.get([self.target.info.remote(), self.coordinator.draft_info.remote()])

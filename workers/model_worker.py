@@ -19,8 +19,8 @@ The class is plain Python; ``workers.coordinator`` wraps it with ``ray.remote``.
 
 The per-iteration calls go through :meth:`ModelWorker.call`, over the worker's direct
 channel (:meth:`ModelWorker.open_channel`, :mod:`workers.channel`) or as Ray actor
-calls: arguments and results travel as one pickled ``bytes`` value each way
-(:mod:`workers.wire`). Ray
+calls: arguments and results travel as one ``bytes`` value each way, in
+:mod:`workers.wire`'s own format (never pickle: the channel is a socket). Ray
 ships every numpy array as its own out-of-band buffer, which for a dozen tiny arrays
 costs more than the call itself on a small machine; one in-band blob costs about
 what an empty call does.
@@ -112,16 +112,19 @@ class ModelWorker(recovery.Restartable):
         self._proposals: dict[str, tuple[jax.Array, jax.Array]] = {}  # tokens, full q
         self._channel = None
 
-    def open_channel(self) -> tuple[str, int]:
+    def open_channel(self, secret: bytes) -> tuple[str, int]:
         """Starts (once) the direct channel for the loop's calls; returns its address.
 
-        The channel serves :meth:`call` (:mod:`workers.channel`); Ray still carries
-        start, release and the rest.
+        The channel serves :meth:`call` (:mod:`workers.channel`) to clients that hold
+        ``secret``, the job's channel secret; Ray still carries start, release and the
+        rest. A restarted actor has no channel: the coordinator calls this again.
         """
         if self._channel is None:
             from workers.channel import ChannelServer
 
-            self._channel = ChannelServer(self.call)
+            self._channel = ChannelServer(self.call, secret=secret)
+        elif secret != self._channel.secret:
+            raise ValueError("this worker's channel is already open with another secret")
         return self._channel.address
 
     def info(self) -> dict:
