@@ -428,8 +428,8 @@ def main() -> None:
     alphas, confidence = {}, {}
     for t in TEMPERATURES:
         alphas[t], confidence[t] = alpha_per_draft(
-            study.from_bound(target),
-            [study.from_bound(d) for d in drafts],
+            target,
+            drafts,
             encoded,
             temperature=t,
             max_new=args.max_new_tokens,

@@ -22,12 +22,20 @@ A preset has no weights, and neither does a config whose checkpoint is not there
 both need ``allow_random_init`` (the ``--allow-random-init`` test flag), otherwise
 resolution fails saying which checkpoint is needed. Unknown names fail listing the
 known config names and presets.
+
+YAML files (a study's grid) name models with :func:`resolve_model_entry`: a config name
+or path as above, or a mapping ``{preset: NAME, checkpoint: FOLDER, overrides: {field:
+value}, name: LABEL}`` that gives a registry preset the T5X checkpoint of its param tree;
+``{config: NAME_OR_PATH, name: LABEL}`` names a model config the same way.
+``random_init: true`` (with ``init_seed``) runs untrained weights, for tests. A missing
+checkpoint raises :class:`MissingCheckpointError`, so a caller can leave the model out.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import pathlib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -264,3 +272,134 @@ def check_pair(target: ResolvedModel, draft: ResolvedModel, *, vocab_size: int) 
                 else ""
             )
         )
+
+
+# ------------------------------------------------------------------ models named in YAML files
+
+ENTRY_KEYS = ("preset", "config", "checkpoint", "overrides", "random_init", "init_seed", "name")
+
+
+class MissingCheckpointError(ModelResolutionError):
+    """The reference names a real model, but it has no weights to load."""
+
+
+def latest_checkpoint_step(folder: pathlib.Path) -> pathlib.Path:
+    """An export folder -> its newest ``checkpoint_<step>`` (so runs record the step)."""
+    steps = [
+        (int(child.name.split("_")[1]), child)
+        for child in folder.glob("checkpoint_*")
+        if child.is_dir() and child.name.split("_")[1].isdigit()
+    ]
+    return max(steps)[1] if steps else folder
+
+
+def resolve_model_entry(value: Any, *, where: str, also: Sequence[str] = ()) -> ResolvedModel:
+    """A model named in a YAML file -> ResolvedModel (module docstring); every error
+    starts with ``where`` (e.g. ``grid[0].target``). ``also``: names the caller resolves
+    itself (n-gram drafts), listed beside the config names when a name is unknown.
+
+    Unlike a ``--target`` value a preset needs weights (``checkpoint``) unless
+    ``random_init`` is set, and ``random_init`` runs untrained weights even where a
+    checkpoint exists. Checkpoints resolve to their newest step folder."""
+    from specdec_core.models import registry
+
+    def fail(message: str, kind: type[ModelResolutionError] = ModelResolutionError):
+        raise kind(f"{where}: {message}")
+
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - set(ENTRY_KEYS))
+        if unknown:
+            fail(f"unknown key {unknown[0]} (known: {', '.join(ENTRY_KEYS)})")
+        if ("preset" in value) == ("config" in value):
+            fail("a model mapping needs exactly one of preset or config")
+        if "preset" in value:
+            return _preset_entry(value, fail=fail)
+        for key in ("checkpoint", "overrides"):
+            if key in value:
+                fail(f"{key} applies to a preset; a model config's checkpoint is its export folder")
+        return _config_entry(str(value["config"]), value, fail=fail)
+    if not isinstance(value, str):
+        fail(f"a model is a name or a mapping, got {value!r}")
+    if _looks_like_path(value) or value in config_names():
+        return _config_entry(value, {}, fail=fail)
+    if value in registry.names():
+        fail(_preset_without_checkpoint(value), MissingCheckpointError)
+    fail(
+        f"unknown model {value!r}; model configs and drafts: "
+        f"{', '.join([*config_names(), *also])}; presets (as {{preset: NAME, "
+        f"checkpoint: ...}}): {', '.join(registry.names())}"
+    )
+
+
+def _preset_without_checkpoint(preset: str) -> str:
+    return (
+        f"{preset!r} is a registry preset: it has an architecture but no weights. Provide a "
+        f"T5X checkpoint of its param tree (specdec_core/models/decoder.py or t5.py; e.g. "
+        f"from checkpoints.import_hf_gpt2 or pipelines.train) as "
+        f"`{{preset: {preset}, checkpoint: <folder with checkpoint_<step>>}}`, or name a model "
+        f"config (configs/models/*.yaml) whose export folder holds one"
+    )
+
+
+def _preset_entry(raw: Mapping, *, fail) -> ResolvedModel:
+    """``{preset, checkpoint | random_init, overrides, init_seed, name}``."""
+    from pipelines import configs
+    from specdec_core.models import registry
+
+    name = raw["preset"]
+    if name not in registry.names():
+        fail(f"unknown preset {name!r}; presets: {', '.join(registry.names())}")
+    try:
+        config = registry.get_config(name, **dict(raw.get("overrides") or {}))
+    except (TypeError, ValueError) as error:
+        fail(str(error))
+    checkpoint, random_init = raw.get("checkpoint"), bool(raw.get("random_init"))
+    if random_init and checkpoint:
+        fail("give either checkpoint or random_init, not both")
+    if not random_init:
+        if not checkpoint:
+            fail(_preset_without_checkpoint(name), MissingCheckpointError)
+        folder = configs.resolve(checkpoint)
+        if not folder.exists():
+            fail(f"checkpoint not found: {folder}", MissingCheckpointError)
+        checkpoint = str(latest_checkpoint_step(folder))
+    spec = ModelSpec(
+        name=str(raw.get("name", name)),
+        family=registry.PRESETS[name].family,
+        config=config,
+        checkpoint=checkpoint,
+        init_seed=int(raw.get("init_seed", 0)),
+    )
+    return ResolvedModel(
+        spec=spec, source=f"preset:{name}", vocab_path=None, random_init=random_init
+    )
+
+
+def _config_entry(ref: str, raw: Mapping, *, fail) -> ResolvedModel:
+    """A model config (name or path); its checkpoint is the config's export folder."""
+    from pipelines import configs
+
+    path = pathlib.Path(ref) if _looks_like_path(ref) else CONFIG_DIR / f"{ref}.yaml"
+    path = configs.resolve(path)
+    if not path.is_file():
+        fail(f"model config not found: {path}")
+    model_file = configs.load_model_config(path)
+    random_init = bool(raw.get("random_init"))
+    if not random_init and not _has_checkpoint(model_file.export_dir):
+        fail(
+            f"model {model_file.name!r} ({model_file.path}) has no checkpoint at "
+            f"{model_file.export_dir}; train it (python -m pipelines.train --config "
+            f"{model_file.path}) or copy a T5X checkpoint there",
+            MissingCheckpointError,
+        )
+    spec = ModelSpec(
+        name=str(raw.get("name", model_file.name)),
+        family=model_file.family,
+        config=model_file.model,
+        checkpoint=None if random_init else str(latest_checkpoint_step(model_file.export_dir)),
+        init_seed=int(raw.get("init_seed", 0)),
+    )
+    vocab = str(configs.resolve(model_file.data.vocab_path))
+    return ResolvedModel(
+        spec=spec, source=model_file.path, vocab_path=vocab, random_init=random_init
+    )

@@ -248,7 +248,7 @@ def test_bad_grid_files_fail_before_any_work_naming_problem_and_file(
     tmp_path, monkeypatch, key, value, message
 ):
     path = _write(tmp_path, _set(_valid_grid(tmp_path), key, value))
-    monkeypatch.setattr(study, "run_cells", lambda *a: pytest.fail("ran the pipeline"))
+    monkeypatch.setattr(study.pipeline, "run_cells", lambda *a: pytest.fail("ran the pipeline"))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     with pytest.raises(ConfigError) as error:
         study.run(path, tracking_uri=uri, progress=False)

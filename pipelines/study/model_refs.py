@@ -1,0 +1,139 @@
+"""The grid's models: neural models resolved by :func:`pipelines.models.resolve_model_entry`
+and loaded as :class:`~specdec_core.models.bound.BoundModel`, and the study's own
+``unigram`` / ``bigram`` drafts, fit on the dataset's training split."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, NoReturn
+
+from pipelines import models
+from pipelines.configs import ConfigError
+from pipelines.study.dataset import DatasetConfig, ngram_sequences
+
+NGRAM_DRAFTS = ("unigram", "bigram")
+
+
+class MissingCheckpoint(ConfigError):
+    """A model has no weights to load (an optional entry is skipped, others fail)."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelRef:
+    """A grid's model, resolved (files found) but not loaded."""
+
+    name: str  # shown in tables and run names
+    family: str  # "decoder" | "t5" | "unigram" | "bigram"
+    config: Any = None  # DecoderConfig | T5Config; None for n-grams
+    checkpoint: str | None = None  # T5X step folder; None: n-gram or random init (tests)
+    init_seed: int = 0
+    source: str = ""  # config file, "preset:NAME" or "" (n-grams: fit on the training split)
+
+    @property
+    def is_ngram(self) -> bool:
+        return self.family in NGRAM_DRAFTS
+
+    @classmethod
+    def from_resolved(cls, resolved: models.ResolvedModel) -> ModelRef:
+        spec = resolved.spec
+        return cls(
+            name=spec.name,
+            family=spec.family,
+            config=spec.config,
+            checkpoint=spec.checkpoint,
+            init_seed=spec.init_seed,
+            source=resolved.source,
+        )
+
+
+def fail(file: str, where: str, message: str, kind: type = ConfigError) -> NoReturn:
+    """Raises ``kind`` naming the grid file and the place in it."""
+    raise kind(f"{file}: {where}: {message}")
+
+
+def parse_model_ref(value: Any, *, where: str, file: str, draft: bool) -> ModelRef:
+    """One grid model reference (the package docstring) -> ModelRef."""
+    if isinstance(value, str) and value in NGRAM_DRAFTS:
+        if not draft:
+            fail(file, where, f"{value!r} can only be a draft")
+        return ModelRef(name=value, family=value)
+    try:
+        resolved = models.resolve_model_entry(value, where=where, also=NGRAM_DRAFTS)
+    except models.MissingCheckpointError as error:
+        raise MissingCheckpoint(f"{file}: {error}") from error
+    except models.ModelResolutionError as error:
+        raise ConfigError(f"{file}: {error}") from error
+    return ModelRef.from_resolved(resolved)
+
+
+def check_pair(target: ModelRef, draft: ModelRef, *, where: str, file: str) -> None:
+    """A neural draft has the target's family and vocabulary size (n-grams take the
+    target's vocabulary when they are fit)."""
+    if draft.is_ngram:
+        return
+    if draft.family != target.family:
+        fail(file, where, f"draft {draft.name!r} is {draft.family}, target is {target.family}")
+    if draft.config.vocab_size != target.config.vocab_size:
+        fail(
+            file,
+            where,
+            f"draft {draft.name!r} has vocab_size {draft.config.vocab_size}, "
+            f"target {target.name!r} has {target.config.vocab_size}",
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NGramConfig:
+    """What a bound n-gram draft's ``config`` says about it."""
+
+    kind: str  # "unigram" | "bigram"
+    vocab_size: int
+
+
+def ngram_model(name: str, params):
+    """A :class:`~specdec_core.models.bound.BoundModel` over n-gram params
+    (``log_probs`` [V] or [V, V]); its cache ignores encoder tokens."""
+    from specdec_core.models import ngram
+    from specdec_core.models.bound import BoundModel
+
+    kind = "unigram" if params.log_probs.ndim == 1 else "bigram"
+    return BoundModel(
+        name=name,
+        family=kind,
+        config=NGramConfig(kind=kind, vocab_size=int(params.log_probs.shape[-1])),
+        params=params,
+        forward=functools.partial(ngram.forward, params),
+        new_cache=lambda encoder_tokens, batch, max_len: ngram.init_cache(batch, max_len),
+    )
+
+
+def _fit_ngram(kind: str, vocab_size: int, dataset: DatasetConfig, side: str):
+    from specdec_core.models import ngram
+
+    fit = ngram.fit_unigram if kind == "unigram" else ngram.fit_bigram
+    sequences = ngram_sequences(dataset, side=side)
+    return ngram_model(kind, fit(sequences, vocab_size, k=dataset.ngram_smoothing))
+
+
+_MODELS: dict[Any, Any] = {}  # this process's loaded models, by what defines them
+
+
+def load_study_model(ref: ModelRef, *, target: ModelRef, dataset: DatasetConfig):
+    """Loads (once per process) a neural model or fits an n-gram draft for ``target``:
+    a BoundModel, the same object for the same model (compiled steps are cached per
+    model)."""
+    if ref.is_ngram:
+        side = "german" if target.family == "t5" else "english"
+        key = (ref.family, target.config.vocab_size, dataset, side)
+        if key not in _MODELS:
+            _MODELS[key] = _fit_ngram(ref.family, target.config.vocab_size, dataset, side)
+    else:
+        from specdec_core.models.bound import load_model
+
+        key = ref
+        if key not in _MODELS:
+            _MODELS[key] = load_model(
+                ref.name, ref.family, ref.config, checkpoint=ref.checkpoint, init_seed=ref.init_seed
+            )
+    return _MODELS[key]
