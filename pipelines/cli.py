@@ -340,7 +340,7 @@ def _log_run(args: argparse.Namespace) -> int:
 
 
 def _exit_codes_epilog() -> str:
-    return "exit status: " + "; ".join(f"{code} {text}" for code, text in EXIT_CODES.items())
+    return "Exit status: " + "; ".join(f"{code} {text}" for code, text in EXIT_CODES.items())
 
 
 def ui_command(tracking_uri: str, port: int) -> list[str]:

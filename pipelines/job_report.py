@@ -469,7 +469,13 @@ def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
         ("identical to baseline (T=0)", _fmt(summary["identical_to_baseline"])),
         ("outputs", summary["output"]),
         ("dead letters", summary["dead_letter"]),
-        ("MLflow run", f"{summary['mlflow_run_id']} (experiment {job.kind.name!r})"),
+        *([("resumed records", str(n))] if (n := summary.get("records_resumed")) else []),
+        (
+            "MLflow run",
+            f"{summary['mlflow_run_id']} (experiment {job.kind.name!r})"
+            if summary.get("mlflow_run_id")
+            else f"none: {summary.get('mlflow_error')} (specdec log-run logs it later)",
+        ),
         ("browse", f"specdec ui --tracking-uri {summary['tracking_uri']}"),
     ]
     width = max(len(name) for name, _ in rows)

@@ -616,7 +616,7 @@ def run_job(job: JobConfig) -> dict[str, Any]:
             "delete it to start afresh"
         )
     todo = [r for r in records if r.id not in done]
-    if done and job.progress:
+    if done:  # said even with --quiet: not a progress line
         print(
             f"  resuming: {len(done)} of {len(records)} records are done in {parts}",
             file=sys.stderr,

@@ -91,7 +91,8 @@ def _check_job_without_mlflow(code, output, summary_path, err):
 
 def test_an_unwritable_store_leaves_the_outputs_and_says_why(workdir, models, capfd):
     code, output, summary_path = _run(workdir, models, "ro", _unwritable_store(workdir))
-    err = capfd.readouterr().err
+    out, err = capfd.readouterr()
+    assert "MLflow run" in out and "(specdec log-run logs it later)" in out
     summary = _check_job_without_mlflow(code, output, summary_path, err)
     reason = summary["mlflow_error"]  # MLflow fails making the folder, or SQLite opening it
     assert "not_a_folder" in reason or reason.startswith("OperationalError"), reason
