@@ -136,6 +136,36 @@ def test_forward_is_a_point_mass_under_every_sampling_setting():
         np.testing.assert_array_equal(np.asarray(probs), expected)
 
 
+def test_composite_copies_where_a_match_exists_and_defers_to_the_model_elsewhere():
+    vocab = 6
+    config = prompt_lookup.PromptLookupConfig(vocab_size=vocab, n_max=2, fallback_token=3)
+    params = table.from_table(DRAFTS["independent"])
+    source = np.array([[2, 5, 0, 0]], np.int32)
+    cache = prompt_lookup.CopyThenModelCache(
+        copy=prompt_lookup.init_cache(1, 8, source),
+        model=table.init_cache(1, 8),
+        lengths=jnp.zeros((1,), jnp.int32),
+    )
+    forward = functools.partial(prompt_lookup.copy_then_model_forward, config, bound_table(params))
+    tokens = jnp.array([[4, 2, 1, 4]], jnp.int32)  # 2 matches the source (then 5); 4 repeats
+    logits, cache = forward(cache, tokens)
+    model_logits, _ = table.forward(params, table.init_cache(1, 8), tokens)
+    copied = np.asarray(prompt_lookup.point_mass_logits(jnp.array([5, 2]), vocab))
+    np.testing.assert_array_equal(np.asarray(logits[0, [1, 3]]), copied)  # 2 -> 5, 4 -> 2
+    np.testing.assert_array_equal(
+        np.asarray(logits[0, [0, 2]]), np.asarray(model_logits[0, [0, 2]])
+    )
+    # A rollback of the composite is a rollback of both inner caches on the next forward:
+    # 4 2 | 4 proposes 2 (a stale 4 2 1 4 | 4 would propose 4).
+    cache = api.rollback(cache, jnp.array([2], jnp.int32))
+    logits, cache = forward(cache, jnp.array([[4]], jnp.int32))
+    np.testing.assert_array_equal(
+        np.asarray(logits[0, 0]), np.asarray(prompt_lookup.point_mass_logits(jnp.array(2), vocab))
+    )
+    assert cache.lengths.tolist() == [3] and cache.copy.lengths.tolist() == [3]
+    assert cache.model.lengths.tolist() == [3]
+
+
 def test_bad_configs_are_named():
     with pytest.raises(ValueError, match="n_min <= n_max"):
         prompt_lookup.PromptLookupConfig(vocab_size=10, n_max=2, n_min=3)
@@ -335,3 +365,36 @@ def test_copy_references_resolve_to_copy_specs():
 def test_bad_copy_references_are_named(ref, role, message):
     with pytest.raises(models.ModelResolutionError, match=message):
         models.resolve_model(ref, role=role)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_ray_workers_run_the_copy_draft_as_in_process(ray_local, t5_target, temperature):
+    """The composite draft's spec crosses to a Ray worker, loads there, and its tokens
+    and acceptances equal the in-process engine's."""
+    from workers.coordinator import RayEngine
+    from workers.spec import ModelSpec
+
+    draft = models.resolve_model(
+        "copy:n=3+t5_tiny_test:vocab_size=24,init_seed=1", role="draft", allow_random_init=True
+    ).spec
+    settings = DecodeSettings(
+        gamma=3,
+        sampling=SamplingConfig(temperature=temperature),
+        seed=5,
+        max_new_tokens=16,
+        batch_size=2,
+    )
+    requests = _t5_requests(2)
+    local = InProcessEngine(
+        t5_target, bound.load_model(draft.name, draft.family, draft.config), settings
+    ).generate(requests)
+    engine = RayEngine(
+        ModelSpec(name="target", family="t5", config=T5_CONFIG, init_seed=0), draft, settings
+    )
+    try:
+        remote = engine.generate(requests)
+    finally:
+        engine.close()
+    assert [g.tokens for g in remote] == [g.tokens for g in local]
+    assert [g.accepted for g in remote] == [g.accepted for g in local]
