@@ -234,6 +234,8 @@ def _numeric_metrics(summary: dict[str, Any], traffic: dict | None) -> dict[str,
         metrics["bytes_per_iteration"] = float(traffic["bytes_per_iteration"])
     for i, rate in enumerate(summary["acceptance_by_position"], start=1):
         metrics[f"acceptance_at_position_{i}"] = rate
+    for phase, seconds in (summary.get("time_breakdown") or {}).items():
+        metrics[f"time_{phase}_s"] = float(seconds)
     histogram = summary.get("gamma_histogram") or {}
     for gamma, batches in histogram.items():
         metrics[f"gamma_batches_{gamma}"] = float(batches)
@@ -458,6 +460,13 @@ def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
         ("acceptance by position", _fmt(summary["acceptance_by_position"])),
         ("cost coefficient c (est.)", _fmt(summary["c_estimate"])),
         ("bytes per iteration (Ray)", _fmt(summary["bytes_per_iteration"])),
+        (
+            "time breakdown (s)",
+            ", ".join(
+                f"{phase} {seconds:.1f}"
+                for phase, seconds in (summary.get("time_breakdown") or {}).items()
+            ),
+        ),
     ]
     if job.kind.quality_metric == "bleu":
         rows.append(("BLEU", _fmt(summary["bleu"])))

@@ -195,6 +195,22 @@ def process_started_at() -> float:
         return _IMPORTED_AT
 
 
+_PHASES: dict[str, dict[str, float]] = {}  # job id -> seconds per phase (this process)
+
+
+def add_phase(job_id: str, phase: str, seconds: float) -> None:
+    """Adds ``seconds`` to one phase of a job's time breakdown."""
+    with _ENGINES_LOCK:
+        phases = _PHASES.setdefault(job_id, {})
+        phases[phase] = phases.get(phase, 0.0) + seconds
+
+
+def time_breakdown(job_id: str) -> dict[str, float]:
+    """The job's phases so far (seconds), removed from the registry."""
+    with _ENGINES_LOCK:
+        return _PHASES.pop(job_id, {})
+
+
 def first_record_s(job_id: str) -> float | None:
     """Seconds from the process's start until the job's first record was decoded."""
     at = _FIRST_RECORD.pop(job_id, None)
@@ -348,6 +364,7 @@ class SpeculativeModelHandler(ModelHandler):
         self._progress: Progress | None = None
 
     def load_model(self):
+        start = time.perf_counter()
         policy = None
         if self.adaptive_gamma:
             from workers.gamma import AdaptiveGamma
@@ -365,6 +382,7 @@ class SpeculativeModelHandler(ModelHandler):
         )
         with _ENGINES_LOCK:
             _ENGINES.setdefault(self.job_id, []).append(engine)
+        add_phase(self.job_id, "engine_start", time.perf_counter() - start)
         return engine
 
     def run_inference(self, batch, model, inference_args=None) -> list[Decoded | io.DeadLetter]:
@@ -395,9 +413,17 @@ class SpeculativeModelHandler(ModelHandler):
     def _decode(self, items: Sequence[Tokenized], engine) -> list[Decoded]:
         requests = self._requests(items)
         if self.warmup:
+            start = time.perf_counter()
             self._warm_up(requests, engine)
+            add_phase(self.job_id, "warmup", time.perf_counter() - start)
+        start = time.perf_counter()
         generations = engine.generate(requests)
-        baselines = engine.generate_baseline(requests) if self.compare_baseline else None
+        add_phase(self.job_id, "decode", time.perf_counter() - start)
+        baselines = None
+        if self.compare_baseline:
+            start = time.perf_counter()
+            baselines = engine.generate_baseline(requests)
+            add_phase(self.job_id, "baseline", time.perf_counter() - start)
         batch_id = uuid.uuid4().hex[:12]
         return [
             Decoded(
@@ -602,6 +628,8 @@ def run_job(job: JobConfig) -> dict[str, Any]:
     """
     from pipelines import tracking
 
+    entered = time.time()
+    phases = {"startup": entered - process_started_at()}  # imports, parsing, models resolved
     records = io.read_records(job.input, fields=job.kind.fields, limit=job.limit)
     if not records:
         raise io.InputError(f"no records in {job.input}")
@@ -625,7 +653,9 @@ def run_job(job: JobConfig) -> dict[str, Any]:
     if job.workers == "ray" and todo:
         from workers.coordinator import ensure_ray
 
+        start = time.perf_counter()
         ensure_ray(job.ray_address)  # before any JAX computation in this process
+        phases["ray_start"] = time.perf_counter() - start
     tracking_uri = job.tracking_uri or tracking.default_tracking_uri()
     summary_path = job.summary_json or default_summary_path(job.output)
     started = time.perf_counter()
@@ -637,8 +667,16 @@ def run_job(job: JobConfig) -> dict[str, Any]:
         tracking_uri=tracking_uri,
         hint=f"; log it later with: specdec log-run --summary-json {summary_path}",
     ) as run:
+        phases["mlflow"] = time.perf_counter() - started
         job_id = run.run_id or uuid.uuid4().hex
+        pipeline_start = time.perf_counter()
         traffic = _run_and_close(todo, job=job, job_id=job_id, parts=parts) if todo else None
+        in_pipeline = time.perf_counter() - pipeline_start
+        phases |= time_breakdown(job_id)
+        phases["beam_io"] = in_pipeline - sum(
+            phases.get(k, 0.0) for k in ("engine_start", "warmup", "decode", "baseline")
+        )
+        report_start = time.perf_counter()
         io.assemble(job.output, job.dead_letter, *io.read_parts(parts), order=input_ids)
         rows, dead = io.read_jsonl(job.output), io.read_jsonl(job.dead_letter)
         io.check_partition(input_ids, [r["id"] for r in rows], [d["id"] for d in dead])
@@ -657,13 +695,17 @@ def run_job(job: JobConfig) -> dict[str, Any]:
             "worker_restarts": traffic["worker_restarts"] if traffic else None,
             "job_s": time.perf_counter() - started,
             "first_record_s": first_record_s(job_id),
+            "time_breakdown": phases,
             "output": job.output,
             "dead_letter": job.dead_letter,
             "mlflow_run_id": run.run_id,
             "mlflow_error": None,
             "tracking_uri": tracking_uri,
         }
+        phases["report"] = time.perf_counter() - report_start  # assembling, checking, summary
+        log_start = time.perf_counter()
         run.call(job_report.log_run, job, summary, rows, traffic)
+        phases["mlflow"] += time.perf_counter() - log_start
     summary |= {"mlflow_run_id": run.run_id, "mlflow_error": run.error}
     if run.error is not None:
         summary["mlflow_pending"] = job_report.saved_run(job)

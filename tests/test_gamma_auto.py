@@ -340,3 +340,26 @@ def test_negative_control_wrong_rule_is_caught_while_gamma_changes(monkeypatch):
         decoding._verify_commit_fn.cache_clear()
     pvalue = exact.g_test_pvalue(samples, exact.exact_distribution(exact.TARGET, config))
     assert pvalue < 1e-6, f"the wrong rule went undetected under changing γ (p={pvalue:.2e})"
+
+
+# ---------------------------------------------------------------- the job, end to end
+
+from tests.test_translate_job import models, run_job, tracking_uri, workdir  # noqa: E402, F401
+
+PHASES = {"startup", "mlflow", "engine_start", "warmup", "decode", "baseline", "beam_io", "report"}
+
+
+@pytest.mark.slow
+def test_job_with_auto_gamma_reports_its_choices_and_time(run_job):  # noqa: F811
+    job = run_job("inprocess", 0.0, "--compare-baseline", "--gamma", "auto", "--gamma-max", "3")
+    assert job.code == 0 and job.dead == []
+    summary = job.summary
+    assert summary["identical_to_baseline"] is True  # every γ, 0 included, gives the target's
+    histogram = summary["gamma_histogram"]
+    assert set(histogram) <= {"0", "1", "2", "3"}
+    assert sum(histogram.values()) == len({row["batch"] for row in job.rows.values()})
+    assert all(len(row["accepted_by_position"]) <= 3 for row in job.rows.values())
+    breakdown = summary["time_breakdown"]
+    assert set(breakdown) == PHASES and all(v >= 0 for v in breakdown.values())
+    assert breakdown["decode"] <= summary["job_s"]
+    assert 0 < summary["first_record_s"]
