@@ -24,14 +24,15 @@ from pipelines.cli import main
 from tests.test_translate_job import DRAFT_NOISE, SENTENCES, _write_model, job_args
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-N = len(SENTENCES)
+LINES = SENTENCES * 3  # enough records that the kill lands before the last one is done
+N = len(LINES)
 COMPARED = ("output", "output_ids", "iterations", "accepted", "source", "reference")
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     root = tmp_path_factory.mktemp("resume")
-    (root / "in.tsv").write_text("".join(f"{en}\t{de}\n" for en, de in SENTENCES))
+    (root / "in.tsv").write_text("".join(f"{en}\t{de}\n" for en, de in LINES))
     return root
 
 
@@ -65,11 +66,19 @@ def _args(workdir, models, output, *extra):
     return [*args, "--batch-size", "1", "--max-new-tokens", "24", *extra]
 
 
+def re_line(text: str, name: str) -> str:
+    """The value of row ``name`` in the printed summary table."""
+    (line,) = [row for row in text.splitlines() if row.strip().startswith(name)]
+    return line.strip()[len(name) :].strip()
+
+
 def _parts(folder) -> list[str]:
     try:
-        return sorted(n for n in os.listdir(folder) if n.startswith(io.PART_PREFIX))
+        names = os.listdir(folder)
     except FileNotFoundError:
         return []
+    # finished parts only: a part being written is part-<uuid>.jsonl.<hex>.tmp
+    return sorted(n for n in names if n.startswith(io.PART_PREFIX) and n.endswith(io.PART_SUFFIX))
 
 
 def _start(args, workdir, name):
@@ -89,7 +98,7 @@ def _start(args, workdir, name):
 def test_a_job_killed_at_a_random_point_resumes_without_loss_or_repeat(workdir, models):
     seed = int(os.environ.get("RESUME_TEST_SEED") or random.randrange(2**31))
     rng = random.Random(seed)
-    after_parts, delay = rng.randint(1, N // 3), rng.uniform(0.0, 0.05)
+    after_parts, delay = rng.randint(1, N // 6), rng.uniform(0.0, 0.02)
     print(f"resume test: seed {seed}: kill after part {after_parts} + {delay:.3f} s")
     output = workdir / "killed.jsonl"
     parts = io.parts_dir(str(output))
@@ -109,7 +118,8 @@ def test_a_job_killed_at_a_random_point_resumes_without_loss_or_repeat(workdir, 
     rows, dead = io.read_parts(parts)  # raises on a half-written part
     done = {r["id"]: r for r in rows}
     assert dead == [] and after_parts <= len(done) < N
-    print(f"resume test: {len(done)} of {N} records were done at the kill")
+    half = [n for n in os.listdir(parts) if n.endswith(io.TMP_SUFFIX)]  # ignored on resume
+    print(f"resume test: {len(done)} of {N} records were done at the kill; {len(half)} .tmp")
 
     # Other settings do not resume someone else's parts: exit 2, parts untouched.
     assert main([*args, "--seed", "8"]) == cli.EXIT_CANNOT_START
@@ -126,6 +136,9 @@ def test_a_job_killed_at_a_random_point_resumes_without_loss_or_repeat(workdir, 
     assert not os.path.exists(parts)
     summary = json.loads((workdir / "killed.jsonl.summary.json").read_text())
     assert summary["records_resumed"] == len(done)
+    log = (workdir / "rerun.log").read_text()
+    assert f"resuming: {len(done)} of {N} records are done" in log
+    assert re_line(log, "resumed records") == str(len(done))
     assert (summary["records_in"], summary["records_out"]) == (N, N)
     by_id = {r["id"]: r for r in final}
     for record_id, row in done.items():
