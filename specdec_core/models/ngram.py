@@ -27,12 +27,27 @@ tokens back), and so a rollback is the contract's O(1) ``api.rollback``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 
 import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class NGramConfig:
+    """What a bound n-gram model's ``config`` says about it."""
+
+    kind: str  # "unigram" | "bigram"
+    vocab_size: int
+
+    @classmethod
+    def of(cls, params: NGramParams) -> NGramConfig:
+        """The config of fit params: a [V] table is a unigram, a [V, V] one a bigram."""
+        kind = "unigram" if params.log_probs.ndim == 1 else "bigram"
+        return cls(kind=kind, vocab_size=int(params.log_probs.shape[-1]))
 
 
 @flax.struct.dataclass

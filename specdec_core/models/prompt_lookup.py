@@ -257,24 +257,24 @@ def proposals_along(
     return np.asarray(proposals), np.asarray(match_lengths)
 
 
-def bind(name: str, config: PromptLookupConfig, backoff=None):
-    """A :class:`~specdec_core.models.bound.BoundModel` for the copy draft; with
-    ``backoff`` (a BoundModel of the same vocabulary), the composite."""
-    from specdec_core.models.bound import BoundModel
+def bound_forward(config: PromptLookupConfig, backoff=None):
+    """The forward of the copy draft of ``config``; with ``backoff`` (a BoundModel), the
+    composite's."""
+    if backoff is None:
+        return functools.partial(forward, config)
+    return functools.partial(copy_then_model_forward, config, backoff.forward)
 
+
+def cache_constructor(name: str, config: PromptLookupConfig, backoff=None):
+    """``new_cache(encoder_tokens, batch_size, max_len)`` of the copy draft (the encoder
+    tokens are its source); with ``backoff``, of the composite, whose vocabulary must be
+    the backoff draft's."""
     if backoff is None:
 
         def new_cache(encoder_tokens, batch_size, max_len):
             return init_cache(batch_size, max_len, encoder_tokens, pad_id=config.pad_id)
 
-        return BoundModel(
-            name=name,
-            family=FAMILY,
-            config=config,
-            params=None,
-            forward=functools.partial(forward, config),
-            new_cache=new_cache,
-        )
+        return new_cache
     if backoff.vocab_size != config.vocab_size:
         raise ValueError(
             f"copy draft {name!r}: vocab_size {config.vocab_size} but its backoff draft "
@@ -286,28 +286,19 @@ def bind(name: str, config: PromptLookupConfig, backoff=None):
         model = backoff.new_cache(encoder_tokens, batch_size, max_len)
         return CopyThenModelCache(copy=copy, model=model, lengths=copy.lengths)
 
-    return BoundModel(
-        name=name,
-        family=FAMILY,
-        config=config,
-        params=backoff.params,
-        forward=functools.partial(copy_then_model_forward, config, backoff.forward),
-        new_cache=new_composite_cache,
-    )
+    return new_composite_cache
+
+
+def bind(name: str, config: PromptLookupConfig, backoff=None):
+    """A :class:`~specdec_core.models.bound.BoundModel` for the copy draft; with
+    ``backoff`` (a BoundModel of the same vocabulary), the composite."""
+    from specdec_core.models import families
+
+    return families.get(FAMILY).bind(name, config, backoff)
 
 
 def load(name: str, config: PromptLookupConfig):
     """The copy draft of ``config``, loading its backoff draft (if any) first."""
-    backoff = None
-    if config.backoff is not None:
-        from specdec_core.models.bound import load_model
+    from specdec_core.models import families
 
-        spec = config.backoff
-        backoff = load_model(
-            spec.name,
-            spec.family,
-            spec.config,
-            checkpoint=spec.checkpoint,
-            init_seed=spec.init_seed,
-        )
-    return bind(name, config, backoff)
+    return families.get(FAMILY).load(name, config)

@@ -62,12 +62,12 @@ from typing import Any
 
 import jax
 
-from specdec_core.models import decoder
+from specdec_core.models import families
 
 
 @dataclasses.dataclass(frozen=True)
 class Preset:
-    family: str  # "t5" | "decoder": which module's config and init_params
+    family: str  # "t5" | "decoder": the family (models.families) of its config and init_params
     fields: Mapping[str, Any]  # config fields
     nominal_params: float  # the size the name promises (tests hold the count near it)
 
@@ -187,18 +187,6 @@ def _preset(name: str) -> Preset:
     return PRESETS[name]
 
 
-def _family_module(family: str):
-    if family == "t5":
-        from specdec_core.models import t5  # lazy: the T5 module is heavier and optional here
-
-        return t5
-    return decoder
-
-
-def _config_class(family: str):
-    return _family_module(family).T5Config if family == "t5" else decoder.DecoderConfig
-
-
 def get_config(name: str, **overrides):
     """The frozen config of preset ``name``, with ``overrides`` (e.g. ``dtype="bfloat16"``).
 
@@ -206,7 +194,7 @@ def get_config(name: str, **overrides):
     is not a field of the config.
     """
     preset = _preset(name)
-    config_class = _config_class(preset.family)
+    config_class = families.get(preset.family).config_class
     known_fields = {f.name for f in dataclasses.fields(config_class)}
     unknown = sorted(set(overrides) - known_fields)
     if unknown:
@@ -226,7 +214,7 @@ def count_params(init_params, config) -> int:
 @functools.cache
 def param_count(name: str) -> int:
     """Exact parameter count of preset ``name``."""
-    return count_params(_family_module(_preset(name).family).init_params, get_config(name))
+    return count_params(families.get(_preset(name).family).init_params, get_config(name))
 
 
 def nominal_param_count(name: str) -> float:

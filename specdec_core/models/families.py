@@ -1,0 +1,261 @@
+"""Every model family, described once.
+
+A :class:`Family` holds what the code above the models needs to know about one kind of
+model, so no caller switches on a family's name:
+
+- ``config_class``: the frozen config a model of the family is built from;
+- ``weights``: where its params come from. ``"checkpoint"``: a T5X checkpoint of the
+  tree ``init_params`` makes (or, for tests and benchmarks, ``init_params`` from a seed);
+  ``"fit"``: fit from token counts (the n-gram tables: no checkpoint, no seeded init);
+  ``"backoff"``: none of its own (the copy draft; its backoff model's, if it has one);
+- ``forward(config, params)``: the model contract's forward with the params bound
+  (:mod:`specdec_core.models.api`);
+- ``new_cache(name, config, params)``: a function ``(encoder_tokens [B, S] or None,
+  batch_size, max_len) -> empty cache``. An encoder-decoder family requires the encoder
+  tokens (its encoder runs once here), a decoder-only one refuses them, the n-gram tables
+  ignore them and the copy draft reads them as its source;
+- ``is_encoder_decoder``: whether its cache is built by an encoder;
+- ``serves_encoder_decoder(config)``: whether a model of this config can run in an
+  encoder-decoder job (translate, summarize): T5 and the n-gram tables (which ignore the
+  source) can, a decoder-only model cannot, and a copy draft can unless it backs off to
+  a decoder-only model;
+- ``max_positions(config)``: the longest sequence its position encoding covers (the
+  gpt variant's learned positions), or None where only the cache's size limits it.
+
+``get(name)`` looks a family up and raises ValueError naming the unknown family and the
+known ones; :func:`specdec_core.models.bound.bind` and ``load_model`` build a
+:class:`~specdec_core.models.bound.BoundModel` through it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+
+from specdec_core.models import decoder, ngram, prompt_lookup, t5
+from specdec_core.models.api import Forward
+
+if TYPE_CHECKING:
+    from specdec_core.models.bound import BoundModel
+
+# (encoder_tokens [B, S] int32 or None, batch_size, max_len) -> an empty cache
+NewCache = Callable[[Any, int, int], Any]
+WEIGHTS = ("checkpoint", "fit", "backoff")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Family:
+    """One model family (module docstring)."""
+
+    name: str
+    config_class: type
+    is_encoder_decoder: bool
+    weights: str  # one of WEIGHTS
+    forward: Callable[[Any, Any], Forward]  # (config, params) -> forward(cache, tokens)
+    new_cache: Callable[[str, Any, Any], NewCache]  # (model name, config, params) -> new_cache
+    serves_encoder_decoder: Callable[[Any], bool]  # (config) -> runs in encoder-decoder jobs
+    init_params: Callable[[Any, jax.Array], Any] | None = None  # (config, key); "checkpoint" only
+    max_positions: Callable[[Any], int | None] = lambda config: None  # (config) -> limit
+    # what the BoundModel holds as ``params`` given what ``bind`` received (default: the same)
+    held_params: Callable[[Any], Any] = lambda params: params
+
+    def __post_init__(self):
+        if self.weights not in WEIGHTS:
+            raise ValueError(f"family {self.name!r}: weights must be one of {WEIGHTS}")
+        if (self.weights == "checkpoint") != (self.init_params is not None):
+            raise ValueError(f"family {self.name!r}: init_params iff weights == 'checkpoint'")
+
+    @property
+    def has_checkpoint(self) -> bool:
+        """Whether its params load from a T5X checkpoint (else they are fit, or none)."""
+        return self.weights == "checkpoint"
+
+    def bind(self, name: str, config, params) -> BoundModel:
+        """``params`` bound to this family's forward and cache constructor. For the copy
+        draft ``params`` is its backoff BoundModel (or None)."""
+        from specdec_core.models.bound import BoundModel
+
+        new_cache = self.new_cache(name, config, params)  # may check the pair first
+        return BoundModel(
+            name=name,
+            family=self.name,
+            config=config,
+            params=self.held_params(params),
+            forward=self.forward(config, params),
+            new_cache=new_cache,
+        )
+
+    def load(
+        self, name: str, config, *, checkpoint: str | None = None, init_seed: int = 0
+    ) -> BoundModel:
+        """A BoundModel of ``config``: params read from the T5X ``checkpoint`` (checked
+        against the config's shapes) or initialised from ``init_seed`` when it is None;
+        a copy draft loads its backoff model the same way. The n-gram tables have nothing
+        to load: fit them (``ngram.fit_*``) and :meth:`bind` the params."""
+        if self.weights == "backoff":
+            backoff = config.backoff
+            model = None
+            if backoff is not None:
+                model = get(backoff.family).load(
+                    backoff.name,
+                    backoff.config,
+                    checkpoint=backoff.checkpoint,
+                    init_seed=backoff.init_seed,
+                )
+            return self.bind(name, config, model)
+        if self.weights == "fit":
+            raise ValueError(
+                f"model family {self.name!r} has no checkpoint to load: its params are fit "
+                f"from token counts (specdec_core.models.ngram.fit_{self.name}); bind them "
+                "with specdec_core.models.bound.bind"
+            )
+        from specdec_core import checkpoints
+
+        like = jax.eval_shape(functools.partial(self.init_params, config), jax.random.key(0))
+        if checkpoint is None:
+            params = self.init_params(config, jax.random.key(init_seed))
+        else:
+            loaded = checkpoints.load_t5x(checkpoint, like=like)
+            params = jax.tree_util.tree_map(lambda x, ref: jnp.asarray(x, ref.dtype), loaded, like)
+        return self.bind(name, config, params)
+
+
+# ------------------------------------------------------------------------------ t5
+
+
+def _t5_new_cache(name: str, config: t5.T5Config, params) -> NewCache:
+    init = jax.jit(
+        lambda params, tokens, max_len: t5.init_cache(
+            config, params, tokens, max_decode_len=max_len
+        ),
+        static_argnums=2,
+    )
+
+    def new_cache(encoder_tokens, batch_size, max_len):
+        if encoder_tokens is None:
+            raise ValueError(f"model {name!r} is encoder-decoder: it needs encoder tokens")
+        return init(params, jnp.asarray(encoder_tokens, jnp.int32), max_len)
+
+    return new_cache
+
+
+T5 = Family(
+    name="t5",
+    config_class=t5.T5Config,
+    is_encoder_decoder=True,
+    weights="checkpoint",
+    init_params=t5.init_params,
+    forward=lambda config, params: functools.partial(t5.forward, config, params),
+    new_cache=_t5_new_cache,
+    serves_encoder_decoder=lambda config: True,
+)
+
+
+# ------------------------------------------------------------------------- decoder
+
+
+def _decoder_new_cache(name: str, config: decoder.DecoderConfig, params) -> NewCache:
+    def new_cache(encoder_tokens, batch_size, max_len):
+        if encoder_tokens is not None:
+            raise ValueError(f"model {name!r} is decoder-only: it takes no encoder tokens")
+        return decoder.init_cache(config, batch_size, max_len)
+
+    return new_cache
+
+
+DECODER = Family(
+    name="decoder",
+    config_class=decoder.DecoderConfig,
+    is_encoder_decoder=False,
+    weights="checkpoint",
+    init_params=decoder.init_params,
+    forward=lambda config, params: functools.partial(decoder.forward, config, params),
+    new_cache=_decoder_new_cache,
+    serves_encoder_decoder=lambda config: False,
+    # gpt: learned absolute positions; lamda: relative position buckets, no limit
+    max_positions=lambda config: config.max_len if config.variant == "gpt" else None,
+)
+
+
+# ------------------------------------------------------------------ n-gram tables
+
+
+def _ngram_family(kind: str) -> Family:
+    return Family(
+        name=kind,
+        config_class=ngram.NGramConfig,
+        is_encoder_decoder=False,
+        weights="fit",
+        forward=lambda config, params: functools.partial(ngram.forward, params),
+        # the tables condition on the decoder tokens alone: encoder tokens are ignored
+        new_cache=lambda name, config, params: (
+            lambda encoder_tokens, batch_size, max_len: ngram.init_cache(batch_size, max_len)
+        ),
+        serves_encoder_decoder=lambda config: True,
+    )
+
+
+UNIGRAM = _ngram_family("unigram")
+BIGRAM = _ngram_family("bigram")
+
+
+# ------------------------------------------------------------------ copy (prompt lookup)
+
+
+def _copy_serves_encoder_decoder(config: prompt_lookup.PromptLookupConfig) -> bool:
+    backoff = config.backoff
+    return backoff is None or get(backoff.family).serves_encoder_decoder(backoff.config)
+
+
+COPY = Family(
+    name=prompt_lookup.FAMILY,
+    config_class=prompt_lookup.PromptLookupConfig,
+    is_encoder_decoder=False,
+    weights="backoff",
+    forward=prompt_lookup.bound_forward,
+    new_cache=prompt_lookup.cache_constructor,
+    serves_encoder_decoder=_copy_serves_encoder_decoder,
+    held_params=lambda backoff: None if backoff is None else backoff.params,
+)
+
+
+# ------------------------------------------------------------------------ the registry
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (T5, DECODER, UNIGRAM, BIGRAM, COPY)}
+
+
+def names() -> tuple[str, ...]:
+    """Every family's name, in registration order."""
+    return tuple(FAMILIES)
+
+
+def get(name: str) -> Family:
+    """The family called ``name``; ValueError naming it and the known families if none is."""
+    family = FAMILIES.get(name)
+    if family is None:
+        raise ValueError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}")
+    return family
+
+
+def of_config(config) -> Family:
+    """The family a config belongs to (an ``NGramConfig`` names its kind)."""
+    if isinstance(config, ngram.NGramConfig):
+        return get(config.kind)
+    for family in FAMILIES.values():
+        if type(config) is family.config_class:
+            return family
+    raise ValueError(
+        f"{type(config).__name__} is the config of no model family; known: {', '.join(FAMILIES)}"
+    )
+
+
+def with_weights(weights: str) -> tuple[str, ...]:
+    """Names of the families whose params come from ``weights`` (one of WEIGHTS)."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"unknown weights {weights!r}; known: {', '.join(WEIGHTS)}")
+    return tuple(name for name, family in FAMILIES.items() if family.weights == weights)
