@@ -42,24 +42,25 @@ if [ -z "$MODE" ]; then MODE=$([ -n "$COMPOSE" ] && echo compose || echo podman)
 compose() { "$COMPOSE" -p "$PROJECT" -f "$HERE/compose.yaml" "$@"; }
 
 # --- the same services with plain podman (MODE=podman) ----------------------------------------
-NODE_ARGS=(--network "$NET" --shm-size 256m -e RAY_AUTH_MODE=disabled -e RAY_USAGE_STATS_ENABLED=0)
+NODE_ARGS=(--network "$NET" --shm-size 256m -e RAY_AUTH_MODE=disabled -e RAY_USAGE_STATS_ENABLED=0
+    -e GIT_PYTHON_REFRESH=quiet)
 RAY_COMMON=(--object-store-memory=100000000 --disable-usage-stats --block)
 podman_up() {
   podman network exists "$NET" || podman network create "$NET" >/dev/null
   for v in mlflow-db mlflow-artifacts; do
     podman volume exists "${PROJECT}_$v" || podman volume create "${PROJECT}_$v" >/dev/null
   done
-  podman run -d --name "${PROJECT}_ray-head" --network-alias ray-head "${NODE_ARGS[@]}" \
+  podman run -d --restart on-failure --name "${PROJECT}_ray-head" --network-alias ray-head "${NODE_ARGS[@]}" \
       "$SPECDEC_IMAGE" ray start --head --port=6379 --num-cpus=0 --include-dashboard=false \
       "${RAY_COMMON[@]}" >/dev/null
-  podman run -d --name "${PROJECT}_ray-target" --network-alias ray-target "${NODE_ARGS[@]}" \
+  podman run -d --restart on-failure --name "${PROJECT}_ray-target" --network-alias ray-target "${NODE_ARGS[@]}" \
       "$SPECDEC_IMAGE" ray start --address=ray-head:6379 --num-cpus=2 \
       --resources='{"target": 1}' "${RAY_COMMON[@]}" >/dev/null
-  podman run -d --name "${PROJECT}_ray-draft" --network-alias ray-draft "${NODE_ARGS[@]}" \
+  podman run -d --restart on-failure --name "${PROJECT}_ray-draft" --network-alias ray-draft "${NODE_ARGS[@]}" \
       "$SPECDEC_IMAGE" ray start --address=ray-head:6379 --num-cpus=2 \
       --resources='{"draft": 1}' "${RAY_COMMON[@]}" >/dev/null
   local hosts="mlflow,mlflow:5000,localhost,localhost:5000,127.0.0.1,127.0.0.1:5000"
-  podman run -d --name "${PROJECT}_mlflow" --network-alias mlflow "${NODE_ARGS[@]}" \
+  podman run -d --restart on-failure --name "${PROJECT}_mlflow" --network-alias mlflow "${NODE_ARGS[@]}" \
       -p "127.0.0.1:$MLFLOW_PORT:5000" \
       -v "${PROJECT}_mlflow-db:/mlflow/db" -v "${PROJECT}_mlflow-artifacts:/mlflow/artifacts" \
       "$SPECDEC_IMAGE" mlflow server --host 0.0.0.0 --port 5000 \
@@ -135,6 +136,12 @@ if not summary.get("mlflow_run_id"):
 print(summary["mlflow_run_id"])
 PY
 )" || die "the job's summary does not account for every record"
+python3 - "$SUMMARY" <<'PY'
+import json, sys
+summary = json.load(open(sys.argv[1]))
+keys = ("speedup", "tokens_per_s", "baseline_tokens_per_s", "alpha", "identical_to_baseline")
+print("summary:", {k: summary.get(k) for k in keys}, "placement:", summary.get("placement"))
+PY
 log "summary: every record came out ($(wc -l <"$SPECDEC_OUT/sample.jsonl") output lines); run $RUN_ID"
 # Ask the tracking server itself (from inside its container: no host port needed).
 podman exec "${PROJECT}_mlflow" python - "$RUN_ID" <<'PY' || die "the MLflow server does not hold run $RUN_ID"

@@ -12,8 +12,18 @@ RAY_NODES="${RAY_NODES:-4}"
 WAIT_S="${WAIT_S:-300}"
 mkdir -p "$OUT"
 
-ray start --address="$RAY_HEAD" --num-cpus=0 --object-store-memory=100000000 \
-    --disable-usage-stats >/dev/null
+# `ray start` gives its raylet 30 s and the head may still be starting: on a loaded machine
+# either can fail the first tries.
+for try in 1 2 3 4 5 6; do
+  if ray start --address="$RAY_HEAD" --num-cpus=0 --object-store-memory=100000000 \
+      --disable-usage-stats >/tmp/ray-start.log 2>&1; then
+    break
+  fi
+  [ "$try" = 6 ] && { tail -5 /tmp/ray-start.log; echo "job.sh: could not join $RAY_HEAD"; exit 1; }
+  echo "job.sh: joining $RAY_HEAD failed (try $try): $(tail -1 /tmp/ray-start.log)"
+  ray stop --force >/dev/null 2>&1 || true
+  sleep 10
+done
 python - "$RAY_NODES" "$TRACKING_URI" "$WAIT_S" <<'PY'
 import sys, time, urllib.request
 
