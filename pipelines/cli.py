@@ -5,7 +5,8 @@ Subcommands:
              MLflow run, summary table (``--compare-baseline`` measures the speedup)
   summarize  the same job for ``article -> summary`` (ROUGE when references exist)
   ui         the MLflow UI on 127.0.0.1 over the jobs' tracking store
-  prepare    writes the Ding En-De splits (``python -m pipelines.data.ding``)
+  prepare    writes the Ding En-De splits (``python -m pipelines.data.ding``), or with
+             ``--corpus debian`` the Debian En-De corpus (``pipelines.data.debian.build``)
   demo       speculative vs target-only decoding on stub models, in one run
   study      acceptance-rate study over a grid file (``pipelines.study``, the paper's Table 3)
   log-run    logs the MLflow run of a job that ran while MLflow was unavailable
@@ -374,12 +375,40 @@ def _train(args: argparse.Namespace) -> int:
         return int(exit_.code or 0)
 
 
-def _prepare(args: argparse.Namespace) -> int:
-    """``specdec prepare ARGS`` = ``python -m pipelines.data.ding ARGS``."""
-    from pipelines.data import ding
+PREPARE_CORPORA = ("ding", "debian")
+PREPARE_USAGE = """usage: specdec prepare [--corpus {ding,debian}] ARGS...
 
+  --corpus ding    (default) the Ding dictionary splits: python -m pipelines.data.ding ARGS
+  --corpus debian  the Debian En-De corpus (DDTP descriptions, gettext catalogs,
+                   LibreOffice help, Firefox/Thunderbird language packs, plus the Ding
+                   splits): python -m pipelines.data.debian.build ARGS; fetches the named
+                   packages with apt-get download into runs/debian_cache (no install)
+                   and writes assets/data/debian/<source>/{train,validation,test}.tsv.xz,
+                   counts.json and LICENSE.md
+
+`specdec prepare --corpus debian --help` shows that corpus's ARGS.
+"""
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    """``specdec prepare [--corpus ding|debian] ARGS``: the chosen corpus's builder."""
+    chooser = argparse.ArgumentParser(prog="specdec prepare", add_help=False)
+    chooser.add_argument("--corpus", choices=PREPARE_CORPORA, default=None)
     try:
-        ding.main(args.passthrough_args)
+        known, rest = chooser.parse_known_args(args.passthrough_args)
+    except SystemExit as exit_:  # a bad --corpus value: argparse has printed why
+        return int(exit_.code or 0)
+    if known.corpus is None and rest[:1] in (["-h"], ["--help"]):
+        print(PREPARE_USAGE)
+    try:
+        if known.corpus == "debian":
+            from pipelines.data.debian import build
+
+            build.main(rest)
+        else:
+            from pipelines.data import ding
+
+            ding.main(rest)
     except SystemExit as exit_:  # its own argparse (--help, bad flags)
         return int(exit_.code or 0)
     return 0
@@ -418,9 +447,14 @@ def build_parser() -> argparse.ArgumentParser:
     ui.add_argument("--port", type=_ranged(int, "--port", low=1, high=65535), default=5000)
     ui.add_argument("--dry-run", action="store_true", help="print the command, do not start it")
     ui.set_defaults(func=_ui)
-    prepare = sub.add_parser("prepare", help="write the Ding En-De splits (pipelines.data.ding)")
+    prepare = sub.add_parser(
+        "prepare",
+        help="write the Ding En-De splits, or with --corpus debian the Debian En-De corpus",
+    )
     prepare.add_argument(
-        "passthrough_args", nargs=argparse.REMAINDER, help="arguments for pipelines.data.ding"
+        "passthrough_args",
+        nargs=argparse.REMAINDER,
+        help="[--corpus ding|debian] and that builder's arguments",
     )
     prepare.set_defaults(func=_prepare)
     train = sub.add_parser("train", help="train a model config (pipelines.train)")

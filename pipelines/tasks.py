@@ -1,9 +1,13 @@
-"""seqio tasks: the local Ding En→De corpus, WMT T2T En→De and CNN/DailyMail.
+"""seqio tasks: the local Ding and Debian En→De corpora, WMT T2T En→De, CNN/DailyMail.
 
-``register_tasks(ding_dir=..., tfds_data_dir=..., vocab_path=...)`` (re)registers
+``register_tasks(ding_dir=..., debian_dir=..., tfds_data_dir=..., vocab_path=...)``
+(re)registers
 
 - ``ding_ende``: the TSV splits written by ``python -m pipelines.data.ding``
   (``{split}.tsv`` or ``{split}.tsv.gz``, ``english<TAB>german``);
+- ``debian_ende``: the Debian corpus written by ``specdec prepare --corpus debian``
+  (``<source>/{split}.tsv.xz`` per source, read with
+  ``pipelines.data.debian.build.read_split``: all sources, interleaved);
 - ``wmt_t2t_ende``: TFDS ``wmt_t2t_translate/de-en:1.0.0``;
 - ``cnn_dailymail``: TFDS ``cnn_dailymail:3.4.0``;
 
@@ -31,14 +35,17 @@ import tensorflow as tf
 
 from pipelines import vocab as vocab_lib
 from pipelines.data import ding
+from pipelines.data.debian import build as debian_build
 
 read_ding_split = ding.read_split  # plain-Python reader of the Ding TSV splits
 
 DING_ENDE = "ding_ende"
+DEBIAN_ENDE = "debian_ende"
 WMT_T2T_ENDE = "wmt_t2t_ende"
 CNN_DAILYMAIL = "cnn_dailymail"
-TASK_NAMES = (DING_ENDE, WMT_T2T_ENDE, CNN_DAILYMAIL)
+TASK_NAMES = (DING_ENDE, DEBIAN_ENDE, WMT_T2T_ENDE, CNN_DAILYMAIL)
 DEFAULT_DING_DIR = vocab_lib.DEFAULT_DATA_DIR
+DEFAULT_DEBIAN_DIR = debian_build.DEFAULT_OUTPUT
 DEFAULT_TFDS_DATA_DIR = pathlib.Path(
     os.environ.get("TFDS_DATA_DIR", pathlib.Path.home() / "tensorflow_datasets")
 )
@@ -113,6 +120,19 @@ def ding_dataset_fn(ding_dir: str | pathlib.Path) -> Callable[..., tf.data.Datas
     return dataset_fn
 
 
+def debian_dataset_fn(debian_dir: str | pathlib.Path) -> Callable[..., tf.data.Dataset]:
+    """A seqio ``dataset_fn`` yielding ``{"en", "de"}`` from the Debian corpus (xz files)."""
+
+    def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None) -> tf.data.Dataset:
+        del shuffle_files, seed  # read in the corpus's order; seqio shuffles examples
+        pairs = debian_build.read_split(debian_dir, split)  # raises naming the folder
+        english = [en for en, _ in pairs]
+        german = [de for _, de in pairs]
+        return tf.data.Dataset.from_tensor_slices({"en": english, "de": german})
+
+    return dataset_fn
+
+
 def _parse_tsv_line(line: tf.Tensor) -> dict[str, tf.Tensor]:
     """``english<TAB>german`` -> ``{"en": english, "de": german}`` (no quoting rules)."""
     english, german = tf.io.decode_csv(
@@ -177,10 +197,11 @@ def _add_task(name: str, source: seqio.DataSource, text_preprocessor, vocabulary
 def register_tasks(
     *,
     ding_dir: str | pathlib.Path = DEFAULT_DING_DIR,
+    debian_dir: str | pathlib.Path = DEFAULT_DEBIAN_DIR,
     tfds_data_dir: str | pathlib.Path = DEFAULT_TFDS_DATA_DIR,
     vocab_path: str | pathlib.Path = vocab_lib.DEFAULT_VOCAB_PATH,
 ) -> tuple[str, ...]:
-    """Registers (or re-registers) the three tasks with these locations; returns their names.
+    """Registers (or re-registers) the four tasks with these locations; returns their names.
 
     Idempotent: calling again replaces the tasks, so the last call's directories win.
     Nothing is read until a dataset is requested.
@@ -188,6 +209,10 @@ def register_tasks(
     vocabulary = vocab_lib.get_vocabulary(vocab_path)
     ding_source = seqio.FunctionDataSource(ding_dataset_fn(ding_dir), splits=ding.SPLITS)
     _add_task(DING_ENDE, ding_source, translate, vocabulary)
+    debian_source = seqio.FunctionDataSource(
+        debian_dataset_fn(debian_dir), splits=debian_build.SPLITS
+    )
+    _add_task(DEBIAN_ENDE, debian_source, translate, vocabulary)
     sources = {
         WMT_T2T_ENDE: (WMT_T2T_SPEC, translate),
         CNN_DAILYMAIL: (CNN_DAILYMAIL_SPEC, summarize),

@@ -7,7 +7,11 @@ default ``sqlite:///<repo>/runs/mlflow.db``). ``main(argv)`` is the same as a fu
 Data: the ``ding_ende`` seqio task (``data.source: seqio``), or with ``data.source: tsv``
 the same Ding TSV splits tokenized with the same SentencePiece model in plain Python
 (no TensorFlow; identical ids: ``translate English to German: {en}`` + EOS ->
-``{de}`` + EOS). Examples are bucketed by (input, target) length; each step draws one
+``{de}`` + EOS); ``data.source: debian`` reads the Debian corpus folder
+(``pipelines.data.debian.build.read_split``: every source's split, interleaved) the
+same way. Examples are bucketed by (input, target) length (``length_buckets``: fine
+buckets up to 64 tokens, powers of two above, so that paragraph-length data compiles
+few shapes); each step draws one
 bucket (by its share of the sampling weight) and ``tokens_per_batch // S`` examples
 from it, from a generator seeded by ``(seed, step)``, so a resumed run sees exactly
 the batches an uninterrupted one would. ``data.sentence_weight`` oversamples
@@ -59,6 +63,7 @@ PREFIX = "translate English to German: "
 EOS_ID = 1
 INPUT_BUCKETS = (16, 24, 32, 48, 64)  # padded encoder lengths
 TARGET_BUCKETS = (8, 16, 24, 32, 48, 64)  # padded decoder lengths
+LONG_BUCKETS = (16, 32, 64, 128, 256, 512)  # both sides, when a max length exceeds 64
 SENTENCE_END = re.compile(r"[.!?][\"')\]]*$")
 TRAIN_STATE_FILE = "train_state.msgpack"
 LM_SIDES = ("en", "de")  # columns of a Ding split
@@ -101,14 +106,23 @@ def _trim(ids: Sequence[int], max_length: int) -> np.ndarray:
     return np.asarray([*ids, EOS_ID], np.int32)
 
 
-def load_examples_tsv(data: configs.DataConfig, split: str) -> Examples:
-    """The Ding split tokenized with SentencePiece directly (no TensorFlow)."""
-    import sentencepiece as spm
+def read_pairs(data: configs.DataConfig, split: str) -> list[tuple[str, str]]:
+    """``(english, german)`` pairs of a split: Ding TSV (``tsv``) or the Debian corpus."""
+    if data.source == "debian":
+        from pipelines.data.debian import build
 
+        return build.read_split(configs.resolve(data.data_dir), split)
     from pipelines.data import ding
 
+    return ding.read_split(configs.resolve(data.data_dir), split)
+
+
+def load_examples_tsv(data: configs.DataConfig, split: str) -> Examples:
+    """The split (Ding TSV or Debian corpus) tokenized with SentencePiece (no TensorFlow)."""
+    import sentencepiece as spm
+
     processor = spm.SentencePieceProcessor(model_file=str(configs.resolve(data.vocab_path)))
-    pairs = ding.read_split(configs.resolve(data.data_dir), split)
+    pairs = read_pairs(data, split)
     english = [en for en, _ in pairs]
     german = [de for _, de in pairs]
     inputs = processor.encode([PREFIX + en for en in english])
@@ -127,8 +141,9 @@ def load_examples_seqio(data: configs.DataConfig, split: str) -> Examples:
 
     from pipelines import tasks
 
+    data_dir = configs.resolve(data.data_dir)
     tasks.register_tasks(
-        ding_dir=configs.resolve(data.data_dir), vocab_path=configs.resolve(data.vocab_path)
+        ding_dir=data_dir, debian_dir=data_dir, vocab_path=configs.resolve(data.vocab_path)
     )
     task = seqio.get_mixture_or_task(data.task)
     dataset = task.get_dataset(
@@ -174,16 +189,35 @@ def load_examples_lm(data: configs.DataConfig, split: str) -> Examples:
 def load_examples(data: configs.DataConfig, split: str) -> Examples:
     if data.source == "seqio":
         return load_examples_seqio(data, split)
-    if data.source == "tsv":
+    if data.source in ("tsv", "debian"):
         return load_examples_tsv(data, split)
     if data.source == "lm":
         return load_examples_lm(data, split)
-    raise ValueError(f"data.source must be 'seqio', 'tsv' or 'lm', got {data.source!r}")
+    raise ValueError(f"data.source must be 'seqio', 'tsv', 'debian' or 'lm', got {data.source!r}")
 
 
 def bucket_length(length: int, buckets: Sequence[int]) -> int:
     """The smallest bucket >= length (the last bucket if none)."""
     return next((b for b in buckets if b >= length), buckets[-1])
+
+
+Buckets = tuple[tuple[int, ...], tuple[int, ...]]  # (input lengths, target lengths)
+DEFAULT_BUCKETS: Buckets = (INPUT_BUCKETS, TARGET_BUCKETS)
+
+
+def length_buckets(data: configs.DataConfig) -> Buckets:
+    """Padded (input, target) lengths for a config's maximum lengths.
+
+    Up to 64 tokens: the fine default buckets. Longer: powers of two from 16 up to the
+    maximum (``LONG_BUCKETS``), so a paragraph corpus compiles few batch shapes.
+    """
+    if max(data.max_input_length, data.max_target_length) <= INPUT_BUCKETS[-1]:
+        return DEFAULT_BUCKETS
+
+    def coarse(max_length: int) -> tuple[int, ...]:
+        return (*(b for b in LONG_BUCKETS if b < max_length), max_length)
+
+    return coarse(data.max_input_length), coarse(data.max_target_length)
 
 
 def make_batch(examples: Examples, indices: Sequence[int], *, input_len: int, target_len: int):
@@ -216,10 +250,17 @@ class BucketSampler:
     seed: int
 
     @classmethod
-    def build(cls, examples: Examples, train: configs.TrainConfig, sentence_weight: float):
+    def build(
+        cls,
+        examples: Examples,
+        train: configs.TrainConfig,
+        sentence_weight: float,
+        buckets: Buckets = DEFAULT_BUCKETS,
+    ):
         weight = np.where(examples.is_sentence, sentence_weight, 1.0)
+        input_buckets, target_buckets = buckets
         keys = [
-            (bucket_length(len(x), INPUT_BUCKETS), bucket_length(len(y), TARGET_BUCKETS))
+            (bucket_length(len(x), input_buckets), bucket_length(len(y), target_buckets))
             for x, y in zip(examples.inputs, examples.targets, strict=True)
         ]
         buckets: dict[tuple[int, int], list[int]] = {}
@@ -249,13 +290,16 @@ class BucketSampler:
         return key, chosen
 
 
-def eval_batches(examples: Examples, *, count: int, batch_size: int = 64):
+def eval_batches(
+    examples: Examples, *, count: int, batch_size: int = 64, buckets: Buckets = DEFAULT_BUCKETS
+):
     """Deterministic batches over the first ``count`` examples, sorted by length."""
     order = sorted(range(min(count, len(examples))), key=lambda i: len(examples.targets[i]))
+    input_buckets, target_buckets = buckets
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        input_len = bucket_length(max(len(examples.inputs[i]) for i in chunk), INPUT_BUCKETS)
-        target_len = bucket_length(max(len(examples.targets[i]) for i in chunk), TARGET_BUCKETS)
+        input_len = bucket_length(max(len(examples.inputs[i]) for i in chunk), input_buckets)
+        target_len = bucket_length(max(len(examples.targets[i]) for i in chunk), target_buckets)
         yield chunk, make_batch(examples, chunk, input_len=input_len, target_len=target_len)
 
 
@@ -380,15 +424,25 @@ def file_sha256(path: pathlib.Path) -> str:
 # ------------------------------------------------------------------------ evaluation
 
 
-def evaluate(eval_step, params, examples: Examples, *, count: int) -> dict[str, float]:
+def evaluate(
+    eval_step, params, examples: Examples, *, count: int, buckets: Buckets = DEFAULT_BUCKETS
+) -> dict[str, float]:
     """Token-weighted validation loss and accuracy over the first ``count`` examples."""
-    per_batch = [eval_step(params, batch) for _, batch in eval_batches(examples, count=count)]
+    batches = eval_batches(examples, count=count, buckets=buckets)
+    per_batch = [eval_step(params, batch) for _, batch in batches]
     return training.combine_eval_metrics(jax.device_get(per_batch))
 
 
-def translate(decode, params, examples: Examples, indices: Sequence[int], processor) -> list[str]:
+def translate(
+    decode,
+    params,
+    examples: Examples,
+    indices: Sequence[int],
+    processor,
+    input_buckets: Sequence[int] = INPUT_BUCKETS,
+) -> list[str]:
     """Greedy translations (text) of the examples at ``indices``, in that order."""
-    input_len = bucket_length(max(len(examples.inputs[i]) for i in indices), INPUT_BUCKETS)
+    input_len = bucket_length(max(len(examples.inputs[i]) for i in indices), input_buckets)
     batch = make_batch(examples, indices, input_len=input_len, target_len=1)
     tokens = np.asarray(decode(params, batch["encoder_input_tokens"]))
     texts = []
@@ -398,14 +452,23 @@ def translate(decode, params, examples: Examples, indices: Sequence[int], proces
     return texts
 
 
-def bleu_and_samples(decode, params, examples: Examples, *, count: int, samples: int, processor):
+def bleu_and_samples(
+    decode,
+    params,
+    examples: Examples,
+    *,
+    count: int,
+    samples: int,
+    processor,
+    input_buckets: Sequence[int] = INPUT_BUCKETS,
+):
     """sacrebleu BLEU of greedy translations of the first ``count`` examples + samples."""
     import sacrebleu
 
     hypotheses = []
     for start in range(0, count, 64):
         indices = list(range(start, min(start + 64, count)))
-        hypotheses += translate(decode, params, examples, indices, processor)
+        hypotheses += translate(decode, params, examples, indices, processor, input_buckets)
     references = examples.german[: len(hypotheses)]
     bleu = sacrebleu.corpus_bleu(hypotheses, [references]).score
     shown = [
@@ -534,8 +597,9 @@ class Trainer:
             f"{time.perf_counter() - start:.0f}s",
             flush=True,
         )
+        self.buckets = length_buckets(model_file.data)
         self.sampler = BucketSampler.build(
-            self.examples, self.train, model_file.data.sentence_weight
+            self.examples, self.train, model_file.data.sentence_weight, self.buckets
         )
         self.optimizer = _optimizer(self.train, self.max_steps)
         self.train_step = _train_step(model_file, self.optimizer)
@@ -615,7 +679,9 @@ class Trainer:
         return batch if self.is_t5 else to_decoder_only(batch)
 
     def evaluate(self, params) -> dict[str, float]:
-        batches = eval_batches(self.validation, count=self.train.eval_examples)
+        batches = eval_batches(
+            self.validation, count=self.train.eval_examples, buckets=self.buckets
+        )
         per_batch = [
             self.eval_step(params, b if self.is_t5 else to_decoder_only(b)) for _, b in batches
         ]
@@ -628,6 +694,7 @@ class Trainer:
                 count=min(self.train.bleu_examples, len(self.validation)),
                 samples=self.train.samples,
                 processor=self.processor,
+                input_buckets=self.buckets[0],
             )
             result["bleu"] = bleu
             for english, reference, hypothesis in shown:
@@ -779,7 +846,10 @@ def evaluate_checkpoint(
         examples = examples.take(chosen)
     params = load_model_params(model_file)
     logits_fn = training.logits_fn_for(model_file.model)
-    result = evaluate(training.make_eval_step(logits_fn), params, examples, count=len(examples))
+    buckets = length_buckets(model_file.data)
+    result = evaluate(
+        training.make_eval_step(logits_fn), params, examples, count=len(examples), buckets=buckets
+    )
     if isinstance(model_file.model, t5.T5Config):
         processor = spm.SentencePieceProcessor(
             model_file=str(configs.resolve(model_file.data.vocab_path))
@@ -788,7 +858,13 @@ def evaluate_checkpoint(
             model_file.model, max_decode_len=model_file.data.max_target_length
         )
         result["bleu"], shown = bleu_and_samples(
-            decode, params, examples, count=len(examples), samples=5, processor=processor
+            decode,
+            params,
+            examples,
+            count=len(examples),
+            samples=5,
+            processor=processor,
+            input_buckets=buckets[0],
         )
         for english, reference, hypothesis in shown:
             print(f"  EN  {english}\n  REF {reference}\n  HYP {hypothesis}", flush=True)
