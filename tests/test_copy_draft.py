@@ -200,8 +200,15 @@ def t5_target():
     return bound.load_model("target", "t5", T5_CONFIG, init_seed=0)
 
 
-@pytest.mark.parametrize("backoff", [False, True], ids=["copy", "copy+model"])
-@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "host"])
+@pytest.mark.parametrize(
+    "backoff, compiled",
+    [
+        pytest.param(False, True, id="copy-compiled"),
+        pytest.param(False, False, id="copy-host", marks=pytest.mark.slow),
+        pytest.param(True, True, id="copy+model-compiled", marks=pytest.mark.slow),
+        pytest.param(True, False, id="copy+model-host", marks=pytest.mark.slow),
+    ],
+)
 def test_greedy_output_equals_the_target_alone(t5_target, backoff, compiled):
     config = prompt_lookup.PromptLookupConfig(vocab_size=T5_VOCAB, n_max=3)
     model = (
@@ -398,3 +405,28 @@ def test_ray_workers_run_the_copy_draft_as_in_process(ray_local, t5_target, temp
         engine.close()
     assert [g.tokens for g in remote] == [g.tokens for g in local]
     assert [g.accepted for g in remote] == [g.accepted for g in local]
+
+
+@pytest.mark.slow
+def test_translate_job_runs_with_the_copy_draft(tmp_path, capsys):
+    """``specdec translate --draft copy`` end to end (random tiny target): every record
+    out, the outputs equal to the target alone at T=0. A copy draft as --target fails."""
+    import json
+
+    from pipelines import io
+    from pipelines.cli import main
+
+    (tmp_path / "in.tsv").write_text("The house is red.\tDas Haus ist rot.\nA dog.\tEin Hund.\n")
+    output = tmp_path / "out.jsonl"
+    args = ["translate", "--input", str(tmp_path / "in.tsv"), "--output", str(output)]
+    args += ["--target", "t5_tiny_test:vocab_size=8000", "--workers", "inprocess"]
+    args += ["--temperature", "0", "--max-new-tokens", "8", "--allow-random-init", "--quiet"]
+    args += ["--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"]
+    args += ["--summary-json", str(tmp_path / "summary.json"), "--compare-baseline"]
+    assert main([*args, "--draft", "copy:n=2"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["records_out"] == 2 and summary["identical_to_baseline"] is True
+    assert len(io.read_jsonl(str(output))) == 2
+    capsys.readouterr()
+    assert main([*args, "--draft", "copy", "--target", "copy"]) == 2
+    assert "it can only be given as --draft" in capsys.readouterr().err
