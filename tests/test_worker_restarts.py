@@ -180,6 +180,28 @@ def test_a_worker_that_is_not_restarted_fails_its_batches_with_a_clear_error(ray
         engine.close()
 
 
+@pytest.mark.slow
+def test_a_call_to_a_worker_restarted_while_idle_counts_as_its_death(ray_local):
+    """Killed between two calls of a batch, a worker comes back without the batch: the
+    next call over Ray raises BatchLost, which recovery handles as that death (and
+    only that error of a worker's own)."""
+    from workers.model_worker import ModelWorker
+
+    ray = ray_local
+    worker = ray.remote(ModelWorker).remote(TARGET)
+    try:
+        with pytest.raises(ray.exceptions.RayTaskError) as lost:
+            ray.get(worker.propose_first.remote("never-started", None, _settings(0.0)))
+        assert isinstance(lost.value.cause, recovery.BatchLost)
+        assert recovery.worker_died(lost.value)
+        with pytest.raises(ray.exceptions.RayTaskError) as other:
+            ray.get(worker.kill_after.remote(0))
+        assert isinstance(other.value.cause, ValueError)
+        assert not recovery.worker_died(other.value)
+    finally:
+        ray.kill(worker)
+
+
 def test_a_batch_whose_worker_keeps_dying_fails_after_the_bound():
     """recovery.retrying: deaths without progress in between are bounded; deaths with
     progress are not counted against the bound; other errors are not retried."""
@@ -307,7 +329,9 @@ def test_a_job_whose_target_stays_dead_puts_its_records_in_the_dead_letters(
     ray_local, monkeypatch, job_dir
 ):
     job = _job_with_a_killed_target(monkeypatch, job_dir, "stays_dead", max_restarts=0)
-    assert job.code != 0
+    from pipelines.cli import EXIT_DEAD_LETTERS
+
+    assert job.code == EXIT_DEAD_LETTERS
     assert job.dead and len(job.rows) + len(job.dead) == 20
     for dead in job.dead:
         assert dead["reason"] == "engine_error"

@@ -146,7 +146,7 @@ class ModelWorker(recovery.Restartable):
 
     def propose_first(self, batch_id: str, state, settings: DecodeSettings):
         fn = _propose_first_fn(self.model.forward, settings.gamma, settings.sampling)
-        tokens, probs, token_probs, self._caches[batch_id] = fn(self._caches[batch_id], state)
+        tokens, probs, token_probs, self._caches[batch_id] = fn(self._cache(batch_id), state)
         self._proposals[batch_id] = (tokens, probs)
         return np.asarray(tokens), np.asarray(token_probs)
 
@@ -156,7 +156,7 @@ class ModelWorker(recovery.Restartable):
         """n_accepted [B], and p at the rejection point of each active row (sparse)."""
         fn = _score_and_count_fn(self.model.forward, settings.sampling)
         n_accepted, target_at_n, self._caches[batch_id] = fn(
-            self._caches[batch_id], state, draft_tokens, draft_token_probs
+            self._cache(batch_id), state, draft_tokens, draft_token_probs
         )
         active = np.flatnonzero(~np.asarray(state.done))
         return np.asarray(n_accepted), sparse_rows(np.asarray(target_at_n), active)
@@ -173,11 +173,12 @@ class ModelWorker(recovery.Restartable):
         fn = _recover_and_propose_fn(
             self.model.forward, settings.gamma, settings.sampling, settings.eos_id
         )
+        cache = self._cache(batch_id)
         draft_tokens, draft_probs = self._proposals[batch_id]
         active = np.flatnonzero(~np.asarray(state.done))
         target_at_n = dense_rows(target_at_n, active, draft_probs.shape[::2])
         new_state, tokens, probs, token_probs, self._caches[batch_id] = fn(
-            self._caches[batch_id], state, draft_tokens, draft_probs, n_accepted, target_at_n
+            cache, state, draft_tokens, draft_probs, n_accepted, target_at_n
         )
         self._proposals[batch_id] = (tokens, probs)
         return jax.device_get(new_state), np.asarray(tokens), np.asarray(token_probs)
@@ -206,6 +207,14 @@ class ModelWorker(recovery.Restartable):
     def release(self, batch_id: str) -> None:
         self._caches.pop(batch_id, None)
         self._proposals.pop(batch_id, None)
+
+    def _cache(self, batch_id: str):
+        try:
+            return self._caches[batch_id]
+        except KeyError:
+            raise recovery.BatchLost(
+                f"no batch {batch_id!r} here: this worker was restarted since it started"
+            ) from None
 
     def release_all(self) -> None:
         """Drops every batch (a restarted coordinator's predecessor left its own)."""

@@ -28,6 +28,11 @@ class WorkerLost(RuntimeError):
     """A worker died and did not come back, or kept dying on the same batch."""
 
 
+class BatchLost(RuntimeError):
+    """A worker was called about a batch it does not hold: Ray restarted it between two
+    of the batch's calls (it died while idle). Handled as that death."""
+
+
 def worker_died(error: BaseException) -> bool:
     """Whether ``error`` means that a worker's process went away (as opposed to the
     worker raising an error of its own, which is not retried here)."""
@@ -35,9 +40,11 @@ def worker_died(error: BaseException) -> bool:
 
     from workers.channel import ChannelClosed
 
-    if isinstance(error, ray.exceptions.RayTaskError):
-        return False  # the task ran and raised
-    return isinstance(error, ChannelClosed | ray.exceptions.RayActorError)
+    if isinstance(error, ray.exceptions.RayTaskError):  # the task ran and raised:
+        return isinstance(error.cause, BatchLost)  # only a restarted worker's batch counts
+    # OutOfMemoryError: Ray's memory monitor killed the process (restarted like any death).
+    died = ChannelClosed | ray.exceptions.RayActorError | ray.exceptions.OutOfMemoryError
+    return isinstance(error, died)
 
 
 def await_actor(actor, name: str, *, timeout_s: float = DEFAULT_RESTART_TIMEOUT_S) -> str:
