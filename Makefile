@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install run ui models models-en test test-fast lint format bench clean
+.PHONY: install run ui models models-en models-debian test test-fast lint format bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -49,6 +49,15 @@ models-en: $(STAMP)
 	    gpt_en_target lamda_en_target; do \
 	  $(BIN)/python -m pipelines.train --config configs/models/$$name.yaml --resume || exit 1; \
 	done
+
+## The Debian-corpus target (issue 21): the committed corpus and vocabulary (rebuilt only
+## when absent: `specdec prepare --corpus debian` fetches the packages with apt-get
+## download), then the target; resumable from runs/train/ende_target_debian (rerun to
+## continue), exports to runs/export/ende_target_debian.
+models-debian: $(STAMP)
+	test -f assets/data/debian/counts.json || $(BIN)/python -m pipelines.data.debian.build
+	test -f assets/spm/ende_debian.model || $(BIN)/python -m pipelines.vocab --corpus debian
+	$(BIN)/python -m pipelines.train --config configs/models/ende_target_debian.yaml --resume
 
 ## The whole test suite, statistical and end-to-end tests included.
 test: $(STAMP)

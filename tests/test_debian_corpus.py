@@ -344,3 +344,48 @@ def test_trainer_reads_the_debian_corpus_with_long_buckets(tmp_path):
         (16, 32, 64, 96),
         (16, 32, 64),
     )
+
+
+def test_seqio_task_reads_the_debian_corpus(tmp_path):
+    import seqio
+
+    from pipelines import tasks, vocab
+
+    (tmp_path / "a").mkdir()
+    pairs = [("Open File", "Datei öffnen"), ("Reset", "Zurücksetzen")]
+    for split in build.SPLITS:
+        build.write_split(tmp_path / "a" / f"{split}.tsv.xz", pairs)
+    (tmp_path / "counts.json").write_text(json.dumps({"sources": ["a"]}))
+    vocab_path = vocab.DEFAULT_VOCAB_PATH
+    tasks.register_tasks(
+        ding_dir=tmp_path, debian_dir=tmp_path, tfds_data_dir=tmp_path, vocab_path=vocab_path
+    )
+    vocabulary = vocab.get_vocabulary(vocab_path)
+    task = seqio.get_mixture_or_task(tasks.DEBIAN_ENDE)
+    dataset = task.get_dataset(None, split="validation", shuffle=False, use_cached=False)
+    decoded = [
+        (
+            vocabulary.decode(example["inputs"].tolist()[:-1]),
+            vocabulary.decode(example["targets"].tolist()[:-1]),
+            example["targets"].tolist()[-1],
+        )
+        for example in dataset.as_numpy_iterator()
+    ]
+    assert decoded == [
+        ("translate English to German: Open File", "Datei öffnen", vocabulary.eos_id),
+        ("translate English to German: Reset", "Zurücksetzen", vocabulary.eos_id),
+    ]
+
+
+def test_debian_vocabulary_covers_what_the_ding_one_maps_to_unknown():
+    import sentencepiece as spm
+
+    from pipelines import vocab
+
+    texts = ["Wählen Sie »Datei - Öffnen« <Strg+O> und/oder { $host } … %1$s ~/.config"]
+    assert vocab.unknown_character_rate(vocab.DEFAULT_VOCAB_PATH, texts) > 0.05  # », «, <, >, {, }
+    assert vocab.unknown_character_rate(vocab.DEBIAN_VOCAB_PATH, texts) == 0.0
+    processor = spm.SentencePieceProcessor(model_file=str(vocab.DEBIAN_VOCAB_PATH))
+    assert processor.get_piece_size() == vocab.DEBIAN_VOCAB_SIZE
+    assert (processor.pad_id(), processor.eos_id(), processor.unk_id()) == (0, 1, 2)
+    assert processor.decode(processor.encode(texts[0])) == texts[0].replace("…", "...")
