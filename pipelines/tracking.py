@@ -70,14 +70,32 @@ def artifact_root(tracking_uri: str) -> str | None:
     return str(pathlib.Path(tracking_uri[len(prefix) :]).resolve().parent / "mlartifacts")
 
 
-def ensure_experiment(name: str, tracking_uri: str) -> None:
-    """Creates the experiment, with its artifacts beside a SQLite store, if absent
-    (MLflow's default would put them in ./mlruns of whatever folder a job ran in)."""
+# MLflow 3's UI opens an experiment without this tag in its GenAI view ("Evaluation
+# runs", traces); this kind opens the classic run list (params, metrics, artifacts).
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
+
+def ensure_experiment(name: str, tracking_uri: str) -> str:
+    """The experiment's id; created, with its artifacts beside a SQLite store, if absent
+    (MLflow's default would put them in ./mlruns of whatever folder a job ran in).
+
+    The experiment is tagged :data:`EXPERIMENT_KIND` so that the UI shows it as a run
+    list; an existing experiment without the tag gets it too.
+    """
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
-    if client.get_experiment_by_name(name) is None:
-        client.create_experiment(name, artifact_location=artifact_root(tracking_uri))
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        return client.create_experiment(
+            name,
+            artifact_location=artifact_root(tracking_uri),
+            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
+        )
+    if EXPERIMENT_KIND_TAG not in experiment.tags:
+        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    return experiment.experiment_id
 
 
 @contextlib.contextmanager

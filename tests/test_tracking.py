@@ -50,3 +50,25 @@ def test_start_run_logs_params_tags_and_metrics(tmp_path):
 def test_git_commit_outside_a_repository_is_unknown(tmp_path: pathlib.Path):
     assert tracking.git_commit(tmp_path) == "unknown"
     assert len(tracking.git_commit()) in (40, len("unknown"))
+
+
+def test_experiments_are_tagged_to_open_in_the_classic_run_view(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri = tracking.default_tracking_uri(tmp_path)
+    client = MlflowClient(tracking_uri=uri)
+    with tracking.start_run("translate", tracking_uri=uri) as run:
+        pass
+    created = client.get_experiment(run.info.experiment_id)
+    assert created.tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development"
+    assert created.artifact_location == tracking.artifact_root(uri)
+    # An experiment made before the tag existed (or by plain MLflow) gets it on next use.
+    old_id = client.create_experiment("made-elsewhere")
+    assert tracking.EXPERIMENT_KIND_TAG not in client.get_experiment(old_id).tags
+    assert tracking.ensure_experiment("made-elsewhere", uri) == old_id
+    tags = client.get_experiment(old_id).tags
+    assert tags[tracking.EXPERIMENT_KIND_TAG] == tracking.EXPERIMENT_KIND
+    # A kind someone chose by hand is left alone.
+    client.set_experiment_tag(old_id, tracking.EXPERIMENT_KIND_TAG, "genai_development")
+    tracking.ensure_experiment("made-elsewhere", uri)
+    assert client.get_experiment(old_id).tags[tracking.EXPERIMENT_KIND_TAG] == "genai_development"
