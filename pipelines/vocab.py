@@ -18,10 +18,11 @@ committed train split; training is deterministic (one thread, fixed seed, no sam
 
 The Debian corpus (``pipelines.data.debian``) has its own model,
 ``assets/spm/ende_debian.model``: ``python -m pipelines.vocab --corpus debian``
-(its train splits of every source, both sides). ``--measure 8000,16000,32000`` trains
-each size into a scratch folder and prints pieces per sentence and the
-unknown-character rate on every source's test split, beside the Ding model's; the
-choice and the figures are in BENCHMARKS.md ("Debian corpus and vocabulary").
+(a seeded sample of ``DEBIAN_SAMPLE_SENTENCES`` of the train sides of every source).
+``--measure 8000,32000`` trains each size into ``runs/spm_measure/`` and ``--compare
+A.model,B.model`` measures given models: pieces per sentence and the unknown-character
+rate on every source's test split, beside the Ding model's; the choice and the figures
+are in BENCHMARKS.md ("Debian corpus and vocabulary").
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ PAD_ID, EOS_ID, UNK_ID = 0, 1, 2  # T5's ids
 DEFAULT_VOCAB_SIZE = 8000
 DEBIAN_VOCAB_PATH = REPO_ROOT / "assets" / "spm" / "ende_debian.model"
 DEBIAN_VOCAB_SIZE = 16000  # chosen by measurement (BENCHMARKS.md)
-DEBIAN_SAMPLE_SENTENCES = 200_000  # of ~1.15M train sides: SentencePiece's seeded sample
+DEBIAN_SAMPLE_SENTENCES = 100_000  # of ~1.15M train sides: SentencePiece's seeded sample
 
 
 def training_sentences(data_dir: str | pathlib.Path, split: str = "train") -> Iterator[str]:
