@@ -10,7 +10,8 @@
 # when podman-compose is on PATH or installs from PyPI into runs/podman-compose, else podman),
 # SPECDEC_IMAGE (localhost/specdec:cpu), SPECDEC_OUT (runs/compose: the job's outputs),
 # MLFLOW_PORT (5500: the UI on the host's 127.0.0.1 while the cluster is up), KEEP=1 (leave the
-# cluster running; tear it down later with `docker/cluster.sh --down`).
+# cluster running; tear it down later with `docker/cluster.sh --down`), RAY_MEMORY_MONITOR_REFRESH_MS
+# (250; 0 stops Ray killing actors when the shared host, not the job, is short of memory).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/.." && pwd)"
@@ -43,7 +44,7 @@ compose() { "$COMPOSE" -p "$PROJECT" -f "$HERE/compose.yaml" "$@"; }
 
 # --- the same services with plain podman (MODE=podman) ----------------------------------------
 NODE_ARGS=(--network "$NET" --shm-size 256m -e RAY_AUTH_MODE=disabled -e RAY_USAGE_STATS_ENABLED=0
-    -e GIT_PYTHON_REFRESH=quiet)
+    -e GIT_PYTHON_REFRESH=quiet -e "RAY_memory_monitor_refresh_ms=${RAY_MEMORY_MONITOR_REFRESH_MS:-250}")
 RAY_COMMON=(--object-store-memory=100000000 --disable-usage-stats --block)
 podman_up() {
   podman network exists "$NET" || podman network create "$NET" >/dev/null
@@ -90,8 +91,8 @@ if [ "${1:-}" = --down ]; then down; exit 0; fi
 
 podman image exists "$SPECDEC_IMAGE" || die "no image $SPECDEC_IMAGE: run docker/build.sh first"
 mkdir -p "$SPECDEC_OUT"
-rm -f "$SPECDEC_OUT"/sample.jsonl "$SPECDEC_OUT"/sample.jsonl.dead.jsonl \
-    "$SPECDEC_OUT"/sample.summary.json
+# sample.jsonl* includes the job's resume folder (sample.jsonl.parts): every run starts fresh.
+rm -rf "$SPECDEC_OUT"/sample.jsonl* "$SPECDEC_OUT"/sample.summary.json
 down
 [ "$KEEP" = 1 ] || trap down EXIT
 
