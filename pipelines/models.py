@@ -244,16 +244,21 @@ def check_pair(target: ResolvedModel, draft: ResolvedModel, *, vocab_size: int) 
 
     A copy draft passes as encoder-decoder (it reads the encoder tokens); its backoff
     model, if any, must be one."""
-    from specdec_core.models import prompt_lookup
+    from specdec_core.models import families
 
     for role, model in (("target", target), ("draft", draft)):
-        family = model.spec.family
-        if role == "draft" and family == prompt_lookup.FAMILY:
-            backoff = model.spec.config.backoff
-            family = "t5" if backoff is None else backoff.family
-        if family != "t5":
+        family = families.get(model.spec.family)
+        # a target runs the encoder itself; a draft may also read or ignore the encoder
+        # tokens (a copy draft does, unless its backoff model is decoder-only)
+        if role == "target":
+            fits = family.is_encoder_decoder
+        else:
+            fits = family.serves_encoder_decoder(model.spec.config)
+        if not fits:
+            backoff = getattr(model.spec.config, "backoff", None)
+            kind = family.name if backoff is None else backoff.family
             raise ModelResolutionError(
-                f"--{role}: {model.spec.name!r} is a {family} model; translate and "
+                f"--{role}: {model.spec.name!r} is a {kind} model; translate and "
                 "summarize jobs run encoder-decoder (t5) models"
             )
         if model.spec.config.vocab_size < vocab_size:
@@ -268,7 +273,8 @@ def check_pair(target: ResolvedModel, draft: ResolvedModel, *, vocab_size: int) 
             "a vocabulary"
             + (
                 f" (give copy:vocab_size={target.spec.config.vocab_size})"
-                if draft.spec.family == prompt_lookup.FAMILY and draft.spec.config.backoff is None
+                if families.get(draft.spec.family).weights == "backoff"
+                and draft.spec.config.backoff is None
                 else ""
             )
         )

@@ -186,7 +186,7 @@ def load_study_config(path: str | pathlib.Path, *, seed: int | None = None) -> S
 
 def check_study(study: StudyConfig) -> None:
     """Checks that need the dataset: tokenizer found, vocabularies fit, positions fit."""
-    from specdec_core.models import decoder
+    from specdec_core.models import families
 
     file, dataset = study.path, study.dataset
     tokenizer = load_tokenizer(dataset.tokenizer)
@@ -202,15 +202,15 @@ def check_study(study: StudyConfig) -> None:
             )
         needed = dataset.prompt_tokens + 1 + study.decode.max_new_tokens + longest + 2
         for ref in (target, *entry.drafts):
-            if isinstance(ref.config, decoder.DecoderConfig) and ref.config.variant == "gpt":
-                if ref.config.max_len < needed:
-                    fail(
-                        file,
-                        f"grid[{i}]",
-                        f"{ref.name!r} has {ref.config.max_len} positions; "
-                        f"prompts + max_new_tokens + γ need {needed}",
-                    )
-        if target.family == "t5" and dataset.source != "ding":
+            positions = families.get(ref.family).max_positions(ref.config)
+            if positions is not None and positions < needed:
+                fail(
+                    file,
+                    f"grid[{i}]",
+                    f"{ref.name!r} has {positions} positions; "
+                    f"prompts + max_new_tokens + γ need {needed}",
+                )
+        if families.get(target.family).is_encoder_decoder and dataset.source != "ding":
             if any(d.is_ngram for d in entry.drafts):
                 fail(
                     file,

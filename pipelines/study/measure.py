@@ -82,12 +82,16 @@ def pack_prompts(
     batch_size: int,
     max_new_tokens: int,
 ) -> PromptBatch:
-    """Prompts -> padded arrays; rows past ``len(prompts)`` are inert copies of row 0."""
+    """Prompts -> padded arrays; rows past ``len(prompts)`` are inert copies of row 0.
+    ``family`` names the target's family: an encoder-decoder target reads the prompt
+    through its encoder, a decoder-only one continues its first tokens."""
+    from specdec_core.models import families
+
     prompts = sorted(prompts, key=lambda p: p.id)
     rows = [prompts[min(i, len(prompts) - 1)] for i in range(batch_size)]
     real = np.arange(batch_size) < len(prompts)
     encoder = None
-    if family == "t5":
+    if families.get(family).is_encoder_decoder:
         tokenizer = load_tokenizer(dataset.tokenizer)
         encoded = [[*tokenizer.encode(T5_PREFIX + p.text), T5_EOS_ID] for p in rows]
         width = -(-max(map(len, encoded)) // ENCODER_BUCKET) * ENCODER_BUCKET

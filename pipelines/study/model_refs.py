@@ -5,14 +5,14 @@ and loaded as :class:`~specdec_core.models.bound.BoundModel`, and the study's ow
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, NoReturn
 
 from pipelines import models
 from pipelines.configs import ConfigError
 from pipelines.study.dataset import DatasetConfig, ngram_sequences
+from specdec_core.models import families, ngram
 
-NGRAM_DRAFTS = ("unigram", "bigram")
+NGRAM_DRAFTS = families.with_weights("fit")  # ("unigram", "bigram"): fit on the dataset
 
 
 class MissingCheckpoint(ConfigError):
@@ -24,7 +24,7 @@ class ModelRef:
     """A grid's model, resolved (files found) but not loaded."""
 
     name: str  # shown in tables and run names
-    family: str  # "decoder" | "t5" | "unigram" | "bigram"
+    family: str  # a name in specdec_core.models.families: "decoder" | "t5" | "unigram" | ...
     config: Any = None  # DecoderConfig | T5Config; None for n-grams
     checkpoint: str | None = None  # T5X step folder; None: n-gram or random init (tests)
     init_seed: int = 0
@@ -83,34 +83,17 @@ def check_pair(target: ModelRef, draft: ModelRef, *, where: str, file: str) -> N
         )
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class NGramConfig:
-    """What a bound n-gram draft's ``config`` says about it."""
-
-    kind: str  # "unigram" | "bigram"
-    vocab_size: int
+NGramConfig = ngram.NGramConfig  # what a bound n-gram draft's ``config`` says about it
 
 
 def ngram_model(name: str, params):
     """A :class:`~specdec_core.models.bound.BoundModel` over n-gram params
     (``log_probs`` [V] or [V, V]); its cache ignores encoder tokens."""
-    from specdec_core.models import ngram
-    from specdec_core.models.bound import BoundModel
-
-    kind = "unigram" if params.log_probs.ndim == 1 else "bigram"
-    return BoundModel(
-        name=name,
-        family=kind,
-        config=NGramConfig(kind=kind, vocab_size=int(params.log_probs.shape[-1])),
-        params=params,
-        forward=functools.partial(ngram.forward, params),
-        new_cache=lambda encoder_tokens, batch, max_len: ngram.init_cache(batch, max_len),
-    )
+    config = NGramConfig.of(params)
+    return families.get(config.kind).bind(name, config, params)
 
 
 def _fit_ngram(kind: str, vocab_size: int, dataset: DatasetConfig, side: str):
-    from specdec_core.models import ngram
-
     fit = ngram.fit_unigram if kind == "unigram" else ngram.fit_bigram
     sequences = ngram_sequences(dataset, side=side)
     return ngram_model(kind, fit(sequences, vocab_size, k=dataset.ngram_smoothing))
@@ -124,7 +107,8 @@ def load_study_model(ref: ModelRef, *, target: ModelRef, dataset: DatasetConfig)
     a BoundModel, the same object for the same model (compiled steps are cached per
     model)."""
     if ref.is_ngram:
-        side = "german" if target.family == "t5" else "english"
+        # fit on the language the target writes: its decoder's (German for En->De T5)
+        side = "german" if families.get(target.family).is_encoder_decoder else "english"
         key = (ref.family, target.config.vocab_size, dataset, side)
         if key not in _MODELS:
             _MODELS[key] = _fit_ngram(ref.family, target.config.vocab_size, dataset, side)
