@@ -145,7 +145,7 @@ print("summary:", {k: summary.get(k) for k in keys}, "placement:", summary.get("
 PY
 log "summary: every record came out ($(wc -l <"$SPECDEC_OUT/sample.jsonl") output lines); run $RUN_ID"
 # Ask the tracking server itself (from inside its container: no host port needed).
-podman exec "${PROJECT}_mlflow" python - "$RUN_ID" <<'PY' || die "the MLflow server does not hold run $RUN_ID"
+podman exec -i "${PROJECT}_mlflow" python - "$RUN_ID" <<'PY' || die "the MLflow server does not hold run $RUN_ID"
 import sys
 from mlflow.tracking import MlflowClient
 

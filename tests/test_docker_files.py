@@ -152,3 +152,12 @@ def test_cpu_image_runs_the_cli_without_torch():
     assert result.returncode == 0, result.stderr[-2000:]
     assert "translate" in result.stdout
     assert result.stdout.strip().splitlines()[-1] == "None None"
+
+
+def test_cluster_checks_feed_their_scripts_to_the_container():
+    # `podman exec` without -i gives the command no stdin: `python -` would run nothing and the
+    # check would pass whatever the server holds.
+    script = (DOCKER / "cluster.sh").read_text()
+    execs = [line for line in script.splitlines() if "podman exec" in line and "<<" in line]
+    assert execs
+    assert all(re.search(r"podman exec -i\b", line) for line in execs), execs
