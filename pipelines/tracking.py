@@ -12,10 +12,11 @@ log-run`` logs the run later from the saved summary.
 from __future__ import annotations
 
 import contextlib
+import json
 import pathlib
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -76,25 +77,72 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 
 
+# The run list's columns. MLflow keeps the columns a user picks in the browser's local
+# storage, and an experiment cannot set them; what it can hold is a shared view
+# (the UI's "Share" button: an experiment tag ``mlflow.sharedViewState.<key>``) that
+# ``#/experiments/<id>/runs?viewStateShareKey=<key>`` opens. ``specdec`` writes one.
+VIEW_KEY = "specdec"
+VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
+_JOB_COLUMNS = (
+    "metrics.speedup metrics.alpha metrics.tokens_per_s metrics.baseline_tokens_per_s "
+    "metrics.bleu metrics.rouge1 metrics.rougeL params.gamma params.target_name "
+    "params.draft_name params.temperature"
+).split()
+RUN_LIST_COLUMNS: dict[str, list[str]] = {
+    "translate": _JOB_COLUMNS,
+    "summarize": _JOB_COLUMNS,
+    "acceptance-study": (
+        "metrics.alpha metrics.alpha_ci_low metrics.alpha_ci_high metrics.empirical_acceptance "
+        "metrics.optimal_gamma metrics.predicted_improvement metrics.c params.target "
+        "params.draft params.temperature"
+    ).split(),
+}
+
+
+def run_list_view(columns: Sequence[str]) -> str:
+    """The shared view's JSON: ``kind.name`` columns shown, newest run first."""
+    selected = ["attributes.`Source`"] + [
+        "{}.`{}`".format(*column.split(".", 1)) for column in columns
+    ]
+    return json.dumps(
+        {"selectedColumns": selected, "orderByKey": "attributes.start_time", "orderByAsc": False}
+    )
+
+
+def run_list_path(experiment_id: str) -> str:
+    """The UI's path (after the host) to an experiment's run list with specdec's columns."""
+    return (
+        f"/#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_KEY}"
+        "&workflowType=machine_learning"
+    )
+
+
 def ensure_experiment(name: str, tracking_uri: str) -> str:
     """The experiment's id; created, with its artifacts beside a SQLite store, if absent
     (MLflow's default would put them in ./mlruns of whatever folder a job ran in).
 
     The experiment is tagged :data:`EXPERIMENT_KIND` so that the UI shows it as a run
-    list; an existing experiment without the tag gets it too.
+    list; an existing experiment without the tag gets it too. Experiments named in
+    :data:`RUN_LIST_COLUMNS` get the shared view :func:`run_list_path` opens.
     """
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment = client.get_experiment_by_name(name)
+    tags = {}
+    if name in RUN_LIST_COLUMNS:
+        tags[VIEW_TAG] = run_list_view(RUN_LIST_COLUMNS[name])
     if experiment is None:
         return client.create_experiment(
             name,
             artifact_location=artifact_root(tracking_uri),
-            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
+            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, **tags},
         )
     if EXPERIMENT_KIND_TAG not in experiment.tags:
-        client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        tags[EXPERIMENT_KIND_TAG] = EXPERIMENT_KIND
+    for key, value in tags.items():
+        if experiment.tags.get(key) != value:
+            client.set_experiment_tag(experiment.experiment_id, key, value)
     return experiment.experiment_id
 
 

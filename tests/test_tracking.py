@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 from pipelines import tracking
@@ -62,6 +63,9 @@ def test_experiments_are_tagged_to_open_in_the_classic_run_view(tmp_path):
     created = client.get_experiment(run.info.experiment_id)
     assert created.tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development"
     assert created.artifact_location == tracking.artifact_root(uri)
+    view = json.loads(created.tags[tracking.VIEW_TAG])  # the run list's columns
+    wanted = {"metrics.`speedup`", "metrics.`alpha`", "params.`gamma`"}
+    assert wanted <= set(view["selectedColumns"])
     # An experiment made before the tag existed (or by plain MLflow) gets it on next use.
     old_id = client.create_experiment("made-elsewhere")
     assert tracking.EXPERIMENT_KIND_TAG not in client.get_experiment(old_id).tags

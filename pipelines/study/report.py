@@ -4,7 +4,6 @@ results as the paper's Table 3, plots, the printed table and ``--summary-json`` 
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -15,22 +14,6 @@ EXPERIMENT = "acceptance-study"
 
 
 # ------------------------------------------------------------------------ MLflow
-
-
-def _artifact_root(tracking_uri: str) -> str | None:
-    """``<db folder>/mlartifacts`` for a SQLite store (MLflow's default would be ./mlruns)."""
-    prefix = "sqlite:///"
-    if not tracking_uri.startswith(prefix):
-        return None
-    return str(pathlib.Path(tracking_uri[len(prefix) :]).resolve().parent / "mlartifacts")
-
-
-def _ensure_experiment(tracking_uri: str) -> None:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=tracking_uri)
-    if client.get_experiment_by_name(EXPERIMENT) is None:
-        client.create_experiment(EXPERIMENT, artifact_location=_artifact_root(tracking_uri))
 
 
 def cell_run_name(row: Mapping) -> str:
@@ -131,13 +114,41 @@ def table3(rows: Sequence[Mapping]) -> dict[str, list]:
     }
 
 
+def table3_markdown(rows: Sequence[Mapping]) -> str:
+    """Table 3 as a Markdown table (the parent run's description and ``table3.md``)."""
+    header = ("TASK", "Mp", "Mq", "T", "α", "95% CI", "α̂ spec", "agree", "γ*", "improv.", "c")
+    lines = [
+        "**Table 3** (acceptance α per target Mp, draft Mq and temperature T)",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for r in rows:
+        cells = (
+            r["task"],
+            f"{r['target']} ({_size(r['target_params'])})",
+            f"{r['draft']} ({_size(r['draft_params'])})",
+            f"{r['temperature']:g}",
+            f"{r['alpha']:.3f}",
+            f"[{r['alpha_ci_low']:.3f}, {r['alpha_ci_high']:.3f}]",
+            f"{r['empirical_acceptance']:.3f}",
+            "yes" if r["agrees_with_alpha"] else "NO",
+            str(r["optimal_gamma"]),
+            f"{r['predicted_improvement']:.2f}x",
+            f"{r['c']:.3g}",
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Plots: artifacts `plots/alpha_by_draft.png`, `plots/improvement_vs_gamma.png`."]
+    return "\n".join(lines) + "\n"
+
+
 def log_study(study: StudyConfig, rows: list[dict], *, tracking_uri: str) -> str:
     """Parent run + one nested child run per cell; sets ``row["mlflow_run_id"]``."""
     import mlflow
 
     from pipelines import tracking
 
-    _ensure_experiment(tracking_uri)
+    tracking.ensure_experiment(EXPERIMENT, tracking_uri)  # artifacts beside the store
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_experiment(EXPERIMENT)
     tags = {"git_commit": tracking.git_commit(), "study": study.name}
@@ -152,6 +163,9 @@ def log_study(study: StudyConfig, rows: list[dict], *, tracking_uri: str) -> str
                 mlflow.log_dict(row, "cell.json")
                 row["mlflow_run_id"] = child.info.run_id
         mlflow.log_table(data=table3(rows), artifact_file="table3.json")
+        markdown = table3_markdown(rows)
+        mlflow.log_text(markdown, "table3.md")
+        mlflow.set_tag("mlflow.note.content", markdown)  # the run page's Description
         mlflow.log_dict({"rows": rows, "skipped": list(study.skipped)}, "cells.json")
         mlflow.log_artifact(study.path, "config")
         log_plots(rows, study)
