@@ -345,11 +345,15 @@ def _exit_codes_epilog() -> str:
 
 
 def ui_command(tracking_uri: str, port: int) -> list[str]:
-    """``mlflow ui`` on 127.0.0.1 over ``tracking_uri`` (the venv's mlflow when present)."""
+    """``mlflow ui`` on 127.0.0.1 over ``tracking_uri`` (the venv's mlflow when present).
+
+    One server process: with mlflow's default of 4, uvicorn's supervisor kills the
+    workers that miss its health check on a loaded small machine, and nothing answers.
+    """
     local = pathlib.Path(sys.executable).parent / "mlflow"
     executable = str(local) if local.exists() else "mlflow"
     return [executable, "ui", "--backend-store-uri", tracking_uri, "--host", "127.0.0.1",
-            "--port", str(port)]  # fmt: skip
+            "--port", str(port), "--workers", "1"]  # fmt: skip
 
 
 def _ui(args: argparse.Namespace) -> int:

@@ -464,7 +464,8 @@ def test_ui_serves_the_store_on_localhost(capsys):
     )
     out = capsys.readouterr().out
     assert code == 0 and "http://127.0.0.1:5123" in out
-    assert "ui --backend-store-uri sqlite:////tmp/x/mlflow.db --host 127.0.0.1 --port 5123" in out
+    expected = "ui --backend-store-uri sqlite:////tmp/x/mlflow.db --host 127.0.0.1 --port 5123"
+    assert f"{expected} --workers 1" in out
 
 
 def test_prepare_forwards_to_the_ding_preparation(capsys, tmp_path):

@@ -93,9 +93,7 @@ def ui(store, tmp_path_factory):
     port = _free_port()
     log = tmp_path_factory.mktemp("ui_log") / "mlflow_ui.log"
     with log.open("w") as out:
-        # One server process: with mlflow's default 4, uvicorn's supervisor kills workers
-        # that do not answer its health ping in time, which they never do on a loaded machine.
-        command = [*cli.ui_command(store["uri"], port), "--workers", "1"]
+        command = cli.ui_command(store["uri"], port)  # what `specdec ui` runs
         server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + RENDER_S
