@@ -8,6 +8,11 @@ import pathlib
 import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The job commands turn on JAX's persistent compilation cache (pipelines.cli); in the
+# long-lived test process, writing a cache entry segfaulted in a later test (CI of stop 19,
+# inside jax's compilation_cache.put_executable_and_time). Tests that exercise the cache
+# set SPECDEC_COMPILE_CACHE themselves (tests/test_compile_cache.py).
+os.environ.setdefault("SPECDEC_COMPILE_CACHE", "off")
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED_TESTDATA = REPO_ROOT.parent / "shared" / "testdata"
