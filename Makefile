@@ -3,12 +3,19 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The main job needs only the pipelines extra; the tests add HF transformers + torch (the
+# parity and side-by-side tests), pytest, hypothesis, selenium and ruff on top.
+RUN_STAMP := $(VENV)/.installed-run
 
 .PHONY: install run ui models models-en models-debian test test-fast lint format bench clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(RUN_STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints.txt -e '.[pipelines]'
+	touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP)
 	$(BIN)/pip install -q -c constraints.txt -e '.[pipelines,hf,test]'
 	touch $(STAMP)
 
@@ -17,13 +24,13 @@ install: $(STAMP)
 ## The main job (see README): offline En->De speculative translation of the shipped
 ## sample on the embedded pair, with the target alone on the same records for the
 ## speedup, logged to MLflow (runs/mlflow.db).
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/specdec translate --input assets/samples/en_de_sample.tsv \
 	    --output runs/translate/sample.jsonl --compare-baseline \
 	    --summary-json runs/translate/sample.summary.json
 
 ## Browse the runs: the MLflow UI on 127.0.0.1.
-ui: $(STAMP)
+ui: $(RUN_STAMP)
 	$(BIN)/specdec ui
 
 ## Retrain the embedded En->De pair (target + two drafts, then the small draft distilled
@@ -31,7 +38,7 @@ ui: $(STAMP)
 ## of every training sentence, which pipelines.kd_data writes to runs/kd/, then the large
 ## draft on the same data); resumable: rerun to continue from runs/train/ (see
 ## assets/checkpoints/README.md for steps and timings).
-models: $(STAMP)
+models: $(RUN_STAMP)
 	$(BIN)/python -m pipelines.train --config configs/models/ende_target.yaml --resume
 	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_small.yaml --resume
 	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_base.yaml --resume
@@ -44,7 +51,7 @@ models: $(STAMP)
 
 ## Train the English decoder-only pairs of the acceptance study (GPT-like, LaMDA-style;
 ## configs/studies/table3_small.yaml), resumable like `models`.
-models-en: $(STAMP)
+models-en: $(RUN_STAMP)
 	for name in gpt_en_draft lamda_en_draft gpt_en_draft_large lamda_en_draft_large \
 	    gpt_en_target lamda_en_target; do \
 	  $(BIN)/python -m pipelines.train --config configs/models/$$name.yaml --resume || exit 1; \
@@ -54,7 +61,7 @@ models-en: $(STAMP)
 ## when absent: `specdec prepare --corpus debian` fetches the packages with apt-get
 ## download), then the target; resumable from runs/train/ende_target_debian (rerun to
 ## continue), exports to runs/export/ende_target_debian.
-models-debian: $(STAMP)
+models-debian: $(RUN_STAMP)
 	test -f assets/data/debian/counts.json || $(BIN)/python -m pipelines.data.debian.build
 	test -f assets/spm/ende_debian.model || $(BIN)/python -m pipelines.vocab --corpus debian
 	$(BIN)/python -m pipelines.train --config configs/models/ende_target_debian.yaml --resume
