@@ -35,7 +35,7 @@ import pathlib
 
 import numpy as np
 
-from pipelines import models, study
+from pipelines import model_resolver, study
 from specdec_core import theory
 from specdec_core.models import prompt_lookup
 from specdec_core.models.bound import load_model
@@ -50,7 +50,7 @@ MAX_NEW = 64  # the translate job's default --max-new-tokens
 
 
 def load(ref: str, role: str):
-    spec = models.resolve_model(ref, role=role).spec
+    spec = model_resolver.resolve_model(ref, role=role).spec
     return load_model(
         spec.name, spec.family, spec.config, checkpoint=spec.checkpoint, init_seed=spec.init_seed
     )
@@ -59,7 +59,7 @@ def load(ref: str, role: str):
 def sample_requests() -> list[Request]:
     import sentencepiece as spm
 
-    processor = spm.SentencePieceProcessor(model_file=str(models.DEFAULT_VOCAB))
+    processor = spm.SentencePieceProcessor(model_file=str(model_resolver.DEFAULT_VOCAB))
     lines = [line.split("\t") for line in SAMPLE.read_text(encoding="utf-8").splitlines()]
     return [
         Request(
@@ -130,12 +130,12 @@ def main() -> None:
     gammas = [int(g) for g in args.gammas.split(",")]
     temperatures = [float(t) for t in args.temperatures.split(",")]
 
-    target = load(models.DEFAULT_TARGET, "target")
+    target = load(model_resolver.DEFAULT_TARGET, "target")
     drafts = {
-        models.DEFAULT_DRAFT: load(models.DEFAULT_DRAFT, "draft"),
+        model_resolver.DEFAULT_DRAFT: load(model_resolver.DEFAULT_DRAFT, "draft"),
         f"copy:n={args.n}": load(f"copy:n={args.n}", "draft"),
-        f"copy:n={args.n}+{models.DEFAULT_DRAFT}": load(
-            f"copy:n={args.n}+{models.DEFAULT_DRAFT}", "draft"
+        f"copy:n={args.n}+{model_resolver.DEFAULT_DRAFT}": load(
+            f"copy:n={args.n}+{model_resolver.DEFAULT_DRAFT}", "draft"
         ),
     }
     requests = sample_requests()[: args.limit or None]
@@ -146,7 +146,7 @@ def main() -> None:
         gamma=gammas[0], max_new_tokens=MAX_NEW, batch_size=args.batch, eos_id=EOS
     )
     greedy = run(
-        InProcessEngine(target, drafts[models.DEFAULT_DRAFT], greedy_settings),
+        InProcessEngine(target, drafts[model_resolver.DEFAULT_DRAFT], greedy_settings),
         requests,
         args.batch,
         baseline=True,

@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipelines import models, study
+from pipelines import model_resolver, study
 from pipelines.data import ding
 from specdec_core import decoding, theory
 from specdec_core.models.api import rollback
@@ -76,7 +76,7 @@ def full_sentences(count: int, split: str = "test") -> list[tuple[str, str]]:
 
 
 def load(name: str, role: str):
-    resolved = models.resolve_model(name, role=role)
+    resolved = model_resolver.resolve_model(name, role=role)
     spec = resolved.spec
     return load_model(
         spec.name, spec.family, spec.config, checkpoint=spec.checkpoint, init_seed=spec.init_seed
@@ -401,7 +401,7 @@ def main() -> None:
     import sentencepiece as spm
 
     gammas = tuple(int(g) for g in args.gammas.split(","))
-    processor = spm.SentencePieceProcessor(model_file=str(models.DEFAULT_VOCAB))
+    processor = spm.SentencePieceProcessor(model_file=str(model_resolver.DEFAULT_VOCAB))
     sentences = full_sentences(args.sentences, args.split)
     encoded = encode(processor, sentences)
     requests = [

@@ -36,7 +36,7 @@ ensure_ray()  # before JAX starts threads
 
 import psutil  # noqa: E402  (a dependency of ray)
 
-from pipelines import models  # noqa: E402
+from pipelines import model_resolver  # noqa: E402
 from pipelines.translate import encode, sentencepiece  # noqa: E402
 from workers.batching import DecodeSettings, Request  # noqa: E402
 
@@ -91,9 +91,9 @@ def main() -> int:
     parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args()
 
-    target = models.resolve_model(models.DEFAULT_TARGET, role="target")
-    draft = models.resolve_model(models.DEFAULT_DRAFT, role="draft")
-    processor = sentencepiece(target.vocab_path or str(models.DEFAULT_VOCAB))
+    target = model_resolver.resolve_model(model_resolver.DEFAULT_TARGET, role="target")
+    draft = model_resolver.resolve_model(model_resolver.DEFAULT_DRAFT, role="draft")
+    processor = sentencepiece(target.vocab_path or str(model_resolver.DEFAULT_VOCAB))
     pool = short_sentences(args.records, max_words=args.max_words)
     # Shuffled (seeded): every length bucket, hence every compiled shape, occurs during
     # the warm-up; sorted by length, the first longer bucket compiled late and its

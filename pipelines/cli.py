@@ -6,7 +6,12 @@ Subcommands:
   summarize  the same job for ``article -> summary`` (ROUGE when references exist)
   ui         the MLflow UI on 127.0.0.1 over the jobs' tracking store
   prepare    writes the Ding En-De splits (``python -m pipelines.data.ding``), or with
-             ``--corpus debian`` the Debian En-De corpus (``pipelines.data.debian.build``)
+             ``--corpus debian`` the Debian En-De corpus (``pipelines.data.debian.build``),
+             or with ``--corpus summaries`` the Debian description → synopsis corpus
+             (``pipelines.data.summaries``)
+  train      trains a model config, resumably (``pipelines.train``)
+  vocab      trains the SentencePiece vocabulary (``pipelines.vocab``)
+  kd-data    the teacher's own translations as distillation data (``pipelines.kd_data``)
   demo       speculative vs target-only decoding on stub models, in one run
   study      acceptance-rate study over a grid file (``pipelines.study``, the paper's Table 3)
   log-run    logs the MLflow run of a job that ran while MLflow was unavailable
@@ -29,8 +34,8 @@ import sys
 
 import numpy as np
 
-from pipelines.io import JobFailed, PartitionError
-from pipelines.models import DEFAULT_DRAFT, DEFAULT_GAMMA, DEFAULT_TARGET
+from pipelines.model_resolver import DEFAULT_DRAFT, DEFAULT_GAMMA, DEFAULT_TARGET
+from pipelines.record_io import JobFailed, PartitionError
 from workers.spec import DEFAULT_DRAFT_PLACEMENT, DEFAULT_TRANSPORT, DRAFT_PLACEMENTS, TRANSPORTS
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -369,18 +374,8 @@ def _ui(args: argparse.Namespace) -> int:
     os.execvp(command[0], command)  # the server replaces this process: signals reach it
 
 
-def _train(args: argparse.Namespace) -> int:
-    """``specdec train ARGS`` = ``python -m pipelines.train ARGS``."""
-    from pipelines import train
-
-    try:
-        return train.main(args.passthrough_args)
-    except SystemExit as exit_:  # its own argparse (--help, bad flags)
-        return int(exit_.code or 0)
-
-
-PREPARE_CORPORA = ("ding", "debian")
-PREPARE_USAGE = """usage: specdec prepare [--corpus {ding,debian}] ARGS...
+PREPARE_CORPORA = ("ding", "debian", "summaries")
+PREPARE_USAGE = """usage: specdec prepare [--corpus {ding,debian,summaries}] ARGS...
 
   --corpus ding    (default) the Ding dictionary splits: python -m pipelines.data.ding ARGS
   --corpus debian  the Debian En-De corpus (DDTP descriptions, gettext catalogs,
@@ -389,13 +384,18 @@ PREPARE_USAGE = """usage: specdec prepare [--corpus {ding,debian}] ARGS...
                    packages with apt-get download into runs/debian_cache (no install)
                    and writes assets/data/debian/<source>/{train,validation,test}.tsv.xz,
                    counts.json and LICENSE.md
+  --corpus summaries  Debian package long description -> synopsis (Translation-en
+                   and the Packages file, cached in runs/debian_cache/ddtp):
+                   python -m pipelines.data.summaries ARGS; writes
+                   assets/data/summaries/{train,validation,test}.tsv.xz, counts.json
+                   and LICENSE.md
 
-`specdec prepare --corpus debian --help` shows that corpus's ARGS.
+`specdec prepare --corpus debian --help` (or summaries) shows that corpus's ARGS.
 """
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    """``specdec prepare [--corpus ding|debian] ARGS``: the chosen corpus's builder."""
+    """``specdec prepare [--corpus ding|debian|summaries] ARGS``: the chosen corpus's builder."""
     chooser = argparse.ArgumentParser(prog="specdec prepare", add_help=False)
     chooser.add_argument("--corpus", choices=PREPARE_CORPORA, default=None)
     try:
@@ -409,6 +409,10 @@ def _prepare(args: argparse.Namespace) -> int:
             from pipelines.data.debian import build
 
             build.main(rest)
+        elif known.corpus == "summaries":
+            from pipelines.data import summaries
+
+            summaries.main(rest)
         else:
             from pipelines.data import ding
 
@@ -419,7 +423,15 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pipelines import study, translate
+    from pipelines import kd_data, study, translate, vocab
+    from pipelines.train import cli as train_cli
+
+    # Tools with add_arguments(parser) + run(args) (each also runs as python -m MODULE).
+    tools = (
+        ("train", train_cli, "train a model config, resumably (pipelines.train)"),
+        ("vocab", vocab, "train the SentencePiece vocabulary (pipelines.vocab)"),
+        ("kd-data", kd_data, "the teacher's translations as distillation data (pipelines.kd_data)"),
+    )
 
     parser = argparse.ArgumentParser(prog="specdec", description="Speculative decoding jobs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -453,17 +465,18 @@ def build_parser() -> argparse.ArgumentParser:
     ui.set_defaults(func=_ui)
     prepare = sub.add_parser(
         "prepare",
-        help="write the Ding En-De splits, or with --corpus debian the Debian En-De corpus",
+        help="write the Ding En-De splits, or with --corpus debian|summaries a Debian corpus",
     )
     prepare.add_argument(
         "passthrough_args",
         nargs=argparse.REMAINDER,
-        help="[--corpus ding|debian] and that builder's arguments",
+        help="[--corpus ding|debian|summaries] and that builder's arguments",
     )
     prepare.set_defaults(func=_prepare)
-    train = sub.add_parser("train", help="train a model config (pipelines.train)")
-    train.add_argument("passthrough_args", nargs=argparse.REMAINDER, help="pipelines.train args")
-    train.set_defaults(func=_train)
+    for name, module, help_text in tools:
+        tool = sub.add_parser(name, help=help_text, description=module.__doc__.split("\n\n")[0])
+        module.add_arguments(tool)
+        tool.set_defaults(func=module.run)
     demo = sub.add_parser("demo", help="speculative vs target-only decoding on stub models")
     demo.add_argument("--gamma", type=int, default=4)
     demo.add_argument("--temperature", type=float, default=0.0)
@@ -495,8 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     own, beam_args = (
         _split_beam_args(argv) if argv[:1] in (["translate"], ["summarize"]) else (argv, [])
     )
-    # Everything after these belongs to pipelines.data.ding / pipelines.train.
-    passthrough = own[:1] in (["prepare"], ["train"])
+    # Everything after prepare belongs to the chosen corpus's builder.
+    passthrough = own[:1] == ["prepare"]
     try:
         args = build_parser().parse_args(own[:1] if passthrough else own)
     except SystemExit as exit_:  # argparse has printed its message

@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pipelines import io
+from pipelines import record_io
 from workers.batching import DecodeSettings
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ def compute_summary(
         "records_out": len(rows),
         "records_failed": len(dead),
         "failed_by_reason": {
-            r: n for r in io.REASONS if (n := sum(d["reason"] == r for d in dead))
+            r: n for r in record_io.REASONS if (n := sum(d["reason"] == r for d in dead))
         },
         "speedup": None,
         "alpha": alpha,
@@ -372,7 +372,7 @@ def read_saved_run(summary_json: str) -> tuple[dict, list[dict]]:
         raise ValueError(
             f"{summary_json} has no mlflow_pending entry: not from a job without MLflow"
         )
-    rows = io.read_jsonl(summary["output"])
+    rows = record_io.read_jsonl(summary["output"])
     if len(rows) != summary["records_out"]:
         raise ValueError(
             f"{summary['output']} holds {len(rows)} rows, the summary says {summary['records_out']}"
@@ -414,7 +414,7 @@ def log_saved_run(summary_json: str, tracking_uri: str | None = None) -> str:
             model_configs=saved["model_configs"],
             gamma=saved["gamma"],
         )
-    io.write_atomic(summary_json, json.dumps(logged, indent=2) + "\n")
+    record_io.write_atomic(summary_json, json.dumps(logged, indent=2) + "\n")
     return run.info.run_id
 
 

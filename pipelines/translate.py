@@ -18,7 +18,7 @@ Beam runs on the in-process ``FnApiRunner`` unless the Beam options (``specdec
 translate ... -- --runner=...``) name another runner. After the pipeline the job
 assembles the output and dead-letter JSONL from the parts, reads both files back,
 asserts that their ids partition the input ids
-(:func:`pipelines.io.check_partition`), computes the summary and logs one MLflow run
+(:func:`pipelines.record_io.check_partition`), computes the summary and logs one MLflow run
 (:mod:`pipelines.job_report`).
 
 Timing: the first batch of each padded shape compiles; with ``warmup`` (default) it is
@@ -42,8 +42,8 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.ml.inference.base import ModelHandler, RunInference
 
-from pipelines import io, job_report
-from pipelines.models import DEFAULT_GAMMA, ResolvedModel
+from pipelines import job_report, record_io
+from pipelines.model_resolver import DEFAULT_GAMMA, ResolvedModel
 from workers.batching import DecodeSettings, Generation, Request, pack
 from workers.spec import DEFAULT_DRAFT_PLACEMENT, DEFAULT_TRANSPORT, DRAFT_PLACEMENTS, TRANSPORTS
 
@@ -55,7 +55,7 @@ LENGTH_BUCKET = 16  # encoder tokens per length bucket (= workers.batching's pad
 class JobKind:
     name: str  # subcommand and MLflow experiment
     prefix: str  # T5's task prefix, as in pipelines.tasks and pipelines.train
-    fields: io.FieldNames  # JSONL keys of source and reference
+    fields: record_io.FieldNames  # JSONL keys of source and reference
     quality_metric: str  # "bleu" | "rouge"
     max_input_tokens: int  # default --max-input-tokens
     max_new_tokens: int  # default --max-new-tokens
@@ -64,7 +64,7 @@ class JobKind:
 TRANSLATE = JobKind(
     name="translate",
     prefix="translate English to German: ",
-    fields=io.FieldNames(source=("source", "en"), reference=("reference", "de")),
+    fields=record_io.FieldNames(source=("source", "en"), reference=("reference", "de")),
     quality_metric="bleu",
     max_input_tokens=256,
     max_new_tokens=64,
@@ -72,7 +72,7 @@ TRANSLATE = JobKind(
 SUMMARIZE = JobKind(
     name="summarize",
     prefix="summarize: ",
-    fields=io.FieldNames(
+    fields=record_io.FieldNames(
         source=("source", "article"), reference=("reference", "summary", "highlights")
     ),
     quality_metric="rouge",
@@ -114,13 +114,13 @@ class JobConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Tokenized:
-    record: io.Record
+    record: record_io.Record
     encoder_tokens: tuple[int, ...]  # prefix + source pieces + EOS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Decoded:
-    record: io.Record
+    record: record_io.Record
     generation: Generation
     baseline: Generation | None  # the target alone on the same record (--compare-baseline)
     batch: str  # id of the batch it was decoded in (rows of one batch share wall_ms)
@@ -160,11 +160,11 @@ class TokenizeFn(beam.DoFn):
         self.processor = sentencepiece(self.vocab_path)
 
     def process(self, item):
-        if isinstance(item, io.DeadLetter):
+        if isinstance(item, record_io.DeadLetter):
             yield beam.pvalue.TaggedOutput(DEAD, item)
             return
         tokens = encode(self.processor, self.prefix, item.source, self.eos_id)
-        dead = io.too_long(item, len(tokens), self.max_input_tokens)
+        dead = record_io.too_long(item, len(tokens), self.max_input_tokens)
         if dead is not None:
             yield beam.pvalue.TaggedOutput(DEAD, dead)
         else:
@@ -385,7 +385,9 @@ class SpeculativeModelHandler(ModelHandler):
         add_phase(self.job_id, "engine_start", time.perf_counter() - start)
         return engine
 
-    def run_inference(self, batch, model, inference_args=None) -> list[Decoded | io.DeadLetter]:
+    def run_inference(
+        self, batch, model, inference_args=None
+    ) -> list[Decoded | record_io.DeadLetter]:
         items = list(batch)
         if self._progress is None:
             self._progress = Progress(self.total_records, enabled=self.show_progress)
@@ -435,11 +437,11 @@ class SpeculativeModelHandler(ModelHandler):
             for i, (item, generation) in enumerate(zip(items, generations, strict=True))
         ]
 
-    def _decode_one(self, item: Tokenized, engine) -> Decoded | io.DeadLetter:
+    def _decode_one(self, item: Tokenized, engine) -> Decoded | record_io.DeadLetter:
         try:
             return self._decode([item], engine)[0]
         except Exception as error:  # becomes the record's dead letter
-            return io.engine_error(item.record, error)
+            return record_io.engine_error(item.record, error)
 
     def _warm_up(self, requests: list[Request], engine) -> None:
         """Decodes a batch of a not-yet-seen padded shape once, untimed (compilation)."""
@@ -467,7 +469,7 @@ class FormatFn(beam.DoFn):
         self.processor = sentencepiece(self.vocab_path)
 
     def process(self, item):
-        if isinstance(item, io.DeadLetter):
+        if isinstance(item, record_io.DeadLetter):
             yield beam.pvalue.TaggedOutput(DEAD, item)
         else:
             yield output_row(item, self.processor, self.eos_id)
@@ -507,7 +509,7 @@ def output_row(item: Decoded, processor, eos_id: int | None) -> dict:
 
 
 class WritePartsFn(beam.DoFn):
-    """``(kind, row)`` items -> part files (:func:`pipelines.io.write_part`) of at most
+    """``(kind, row)`` items -> part files (:func:`pipelines.record_io.write_part`) of at most
     ``every`` items, so a killed job loses only the records of the part it was gathering
     (rows of one decoded batch arrive together: ``every`` = the batch size)."""
 
@@ -527,13 +529,13 @@ class WritePartsFn(beam.DoFn):
 
     def _flush(self) -> None:
         if self.buffer:
-            io.write_part(self.folder, self.buffer)
+            record_io.write_part(self.folder, self.buffer)
             self.buffer = []
 
 
 def build_pipeline(
     pipeline: beam.Pipeline,
-    records: Sequence[io.Record | io.DeadLetter],
+    records: Sequence[record_io.Record | record_io.DeadLetter],
     *,
     job: JobConfig,
     handler: SpeculativeModelHandler,
@@ -572,14 +574,16 @@ def build_pipeline(
     dead = (
         (tokenized[DEAD], decoded[DEAD])
         | "AllDead" >> beam.Flatten()
-        | "DeadToJson" >> beam.Map(lambda d: (io.DEAD_KIND, d.to_json()))
+        | "DeadToJson" >> beam.Map(lambda d: (record_io.DEAD_KIND, d.to_json()))
     )
-    outputs = decoded.ok | "TagOutputs" >> beam.Map(lambda row: (io.OUTPUT_KIND, row))
+    outputs = decoded.ok | "TagOutputs" >> beam.Map(lambda row: (record_io.OUTPUT_KIND, row))
     (
         (outputs, dead)
         | "AllRows" >> beam.Flatten()
         | "WriteParts"
-        >> beam.ParDo(WritePartsFn(parts or io.parts_dir(job.output), job.settings.batch_size))
+        >> beam.ParDo(
+            WritePartsFn(parts or record_io.parts_dir(job.output), job.settings.batch_size)
+        )
     )
 
 
@@ -622,24 +626,24 @@ def run_job(job: JobConfig) -> dict[str, Any]:
     keeps what ``specdec log-run`` needs (``mlflow_pending``) and is written even
     without ``summary_json`` (to ``<output>.summary.json``).
 
-    Raises io.InputError for unusable input (io.ResumeError for parts of a job with
-    other settings) and io.PartitionError if output and dead-letter ids do not
+    Raises record_io.InputError for unusable input (record_io.ResumeError for parts of a job with
+    other settings) and record_io.PartitionError if output and dead-letter ids do not
     partition the input ids.
     """
     from pipelines import tracking
 
     entered = time.time()
     phases = {"startup": entered - process_started_at()}  # imports, parsing, models resolved
-    records = io.read_records(job.input, fields=job.kind.fields, limit=job.limit)
+    records = record_io.read_records(job.input, fields=job.kind.fields, limit=job.limit)
     if not records:
-        raise io.InputError(f"no records in {job.input}")
+        raise record_io.InputError(f"no records in {job.input}")
     input_ids = [r.id for r in records]
-    parts = io.parts_dir(job.output)
-    io.start_parts(parts, resume_settings(job))
-    done = {row["id"] for group in io.read_parts(parts) for row in group}
+    parts = record_io.parts_dir(job.output)
+    record_io.start_parts(parts, resume_settings(job))
+    done = {row["id"] for group in record_io.read_parts(parts) for row in group}
     unknown = sorted(done - set(input_ids))
     if unknown:
-        raise io.ResumeError(
+        raise record_io.ResumeError(
             f"{parts} holds ids that {job.input} does not have ({', '.join(unknown[:5])}); "
             "delete it to start afresh"
         )
@@ -677,10 +681,12 @@ def run_job(job: JobConfig) -> dict[str, Any]:
             phases.get(k, 0.0) for k in ("engine_start", "warmup", "decode", "baseline")
         )
         report_start = time.perf_counter()
-        io.assemble(job.output, job.dead_letter, *io.read_parts(parts), order=input_ids)
-        rows, dead = io.read_jsonl(job.output), io.read_jsonl(job.dead_letter)
-        io.check_partition(input_ids, [r["id"] for r in rows], [d["id"] for d in dead])
-        io.remove_parts(parts)
+        record_io.assemble(
+            job.output, job.dead_letter, *record_io.read_parts(parts), order=input_ids
+        )
+        rows, dead = record_io.read_jsonl(job.output), record_io.read_jsonl(job.dead_letter)
+        record_io.check_partition(input_ids, [r["id"] for r in rows], [d["id"] for d in dead])
+        record_io.remove_parts(parts)
         summary = job_report.compute_summary(
             rows,
             dead,
@@ -710,7 +716,7 @@ def run_job(job: JobConfig) -> dict[str, Any]:
     if run.error is not None:
         summary["mlflow_pending"] = job_report.saved_run(job)
     if job.summary_json or run.error is not None:
-        io.write_atomic(summary_path, json.dumps(summary, indent=2) + "\n")
+        record_io.write_atomic(summary_path, json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -733,7 +739,7 @@ def resume_settings(job: JobConfig) -> dict[str, Any]:
 
 def _run_and_close(records, *, job: JobConfig, job_id: str, parts: str) -> dict | None:
     """Runs the pipeline; reads the engines' traffic and closes them, even on failure
-    (which raises io.JobFailed)."""
+    (which raises record_io.JobFailed)."""
     handler = SpeculativeModelHandler(
         target=job.target.spec,
         draft=job.draft.spec,
@@ -753,7 +759,7 @@ def _run_and_close(records, *, job: JobConfig, job_id: str, parts: str) -> dict 
         run_pipeline(records, job=job, handler=handler, parts=parts)
         return engine_traffic(job_id)
     except Exception as error:
-        raise io.JobFailed(
+        raise record_io.JobFailed(
             f"the pipeline failed ({type(error).__name__}: {error}); the records it finished "
             f"are kept in {parts}: rerun the same command to continue"
         ) from error
@@ -792,7 +798,7 @@ def make_job(
     JobConfig fields (limit, ray_address, tracking_uri, summary_json, beam_args, ...).
     Raises ValueError (ModelResolutionError, ConfigError, ...) with a message for users.
     """
-    from pipelines import models
+    from pipelines import model_resolver
     from specdec_core.sampling import SamplingConfig
 
     if workers not in ("ray", "inprocess"):
@@ -815,17 +821,17 @@ def make_job(
     if transport not in TRANSPORTS:
         raise ValueError(f"--transport must be one of {TRANSPORTS}, got {transport!r}")
     resolved = {
-        role: models.resolve_model(
+        role: model_resolver.resolve_model(
             ref or default, role=role, allow_random_init=allow_random_init, init_seed=init_seed
         )
         for role, ref, default, init_seed in (
-            ("target", target, models.DEFAULT_TARGET, 0),
-            ("draft", draft, models.DEFAULT_DRAFT, 1),
+            ("target", target, model_resolver.DEFAULT_TARGET, 0),
+            ("draft", draft, model_resolver.DEFAULT_DRAFT, 1),
         )
     }
-    vocab_path = str(vocab or resolved["target"].vocab_path or models.DEFAULT_VOCAB)
+    vocab_path = str(vocab or resolved["target"].vocab_path or model_resolver.DEFAULT_VOCAB)
     pieces = sentencepiece(vocab_path).get_piece_size()
-    models.check_pair(resolved["target"], resolved["draft"], vocab_size=pieces)
+    model_resolver.check_pair(resolved["target"], resolved["draft"], vocab_size=pieces)
     settings = DecodeSettings(
         gamma=gamma,
         sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p),
@@ -838,7 +844,7 @@ def make_job(
         kind=kind,
         input=input,
         output=output,
-        dead_letter=_absolute(dead_letter or io.default_dead_letter_path(output)),
+        dead_letter=_absolute(dead_letter or record_io.default_dead_letter_path(output)),
         target=resolved["target"],
         draft=resolved["draft"],
         vocab_path=vocab_path,

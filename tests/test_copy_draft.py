@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pipelines import models
+from pipelines import model_resolver
 from specdec_core import acceptance, decoding, sampling, theory
 from specdec_core.models import api, bound, prompt_lookup, registry, table
 from specdec_core.sampling import SamplingConfig
@@ -328,15 +328,15 @@ def test_negative_control_biased_rule_is_caught_with_the_copy_draft(monkeypatch)
 
 
 def test_copy_references_resolve_to_copy_specs():
-    plain = models.resolve_model("copy", role="draft")
+    plain = model_resolver.resolve_model("copy", role="draft")
     assert plain.spec.family == prompt_lookup.FAMILY and plain.spec.name == "copy"
     assert plain.spec.config == prompt_lookup.PromptLookupConfig(vocab_size=8000)  # ende_target's
     assert not plain.random_init and plain.vocab_path is None
-    tuned = models.resolve_model("copy:n=4,n_min=2,fallback=5,vocab_size=64", role="draft")
+    tuned = model_resolver.resolve_model("copy:n=4,n_min=2,fallback=5,vocab_size=64", role="draft")
     assert tuned.spec.config == prompt_lookup.PromptLookupConfig(
         vocab_size=64, n_max=4, n_min=2, fallback_token=5
     )
-    both = models.resolve_model(
+    both = model_resolver.resolve_model(
         "copy:n=2+t5_tiny_test:vocab_size=24,init_seed=3", role="draft", allow_random_init=True
     )
     assert both.spec.name == "copy+t5_tiny_test" and both.random_init
@@ -348,12 +348,12 @@ def test_copy_references_resolve_to_copy_specs():
     model = bound.load_model(spec.name, spec.family, spec.config, init_seed=spec.init_seed)
     assert model.family == "copy" and model.vocab_size == 24
     assert model.param_count() == bound.load_model("d", "t5", T5_CONFIG).param_count()
-    target = models.resolve_model(
+    target = model_resolver.resolve_model(
         "t5_tiny_test:vocab_size=24", role="target", allow_random_init=True
     )
-    models.check_pair(target, both, vocab_size=20)
-    with pytest.raises(models.ModelResolutionError, match=r"give copy:vocab_size=24"):
-        models.check_pair(target, plain, vocab_size=20)
+    model_resolver.check_pair(target, both, vocab_size=20)
+    with pytest.raises(model_resolver.ModelResolutionError, match=r"give copy:vocab_size=24"):
+        model_resolver.check_pair(target, plain, vocab_size=20)
 
 
 @pytest.mark.parametrize(
@@ -370,8 +370,8 @@ def test_copy_references_resolve_to_copy_specs():
     ],
 )
 def test_bad_copy_references_are_named(ref, role, message):
-    with pytest.raises(models.ModelResolutionError, match=message):
-        models.resolve_model(ref, role=role)
+    with pytest.raises(model_resolver.ModelResolutionError, match=message):
+        model_resolver.resolve_model(ref, role=role)
 
 
 @pytest.mark.slow
@@ -382,7 +382,7 @@ def test_ray_workers_run_the_copy_draft_as_in_process(ray_local, t5_target, temp
     from workers.coordinator import RayEngine
     from workers.spec import ModelSpec
 
-    draft = models.resolve_model(
+    draft = model_resolver.resolve_model(
         "copy:n=3+t5_tiny_test:vocab_size=24,init_seed=1", role="draft", allow_random_init=True
     ).spec
     settings = DecodeSettings(
@@ -413,7 +413,7 @@ def test_translate_job_runs_with_the_copy_draft(tmp_path, capsys):
     out, the outputs equal to the target alone at T=0. A copy draft as --target fails."""
     import json
 
-    from pipelines import io
+    from pipelines import record_io
     from pipelines.cli import main
 
     (tmp_path / "in.tsv").write_text("The house is red.\tDas Haus ist rot.\nA dog.\tEin Hund.\n")
@@ -426,7 +426,7 @@ def test_translate_job_runs_with_the_copy_draft(tmp_path, capsys):
     assert main([*args, "--draft", "copy:n=2"]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["records_out"] == 2 and summary["identical_to_baseline"] is True
-    assert len(io.read_jsonl(str(output))) == 2
+    assert len(record_io.read_jsonl(str(output))) == 2
     capsys.readouterr()
     assert main([*args, "--draft", "copy", "--target", "copy"]) == 2
     assert "it can only be given as --draft" in capsys.readouterr().err

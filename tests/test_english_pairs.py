@@ -17,7 +17,7 @@ import pytest
 
 from pipelines import configs
 from pipelines.data import ding
-from pipelines.models import resolve_model
+from pipelines.model_resolver import resolve_model
 from specdec_core import decoding
 from specdec_core.models import bound, ngram
 from specdec_core.sampling import GREEDY, SamplingConfig

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from pipelines import cli, io, translate
+from pipelines import cli, record_io, translate
 from pipelines.cli import main
 from tests.test_translate_job import DRAFT_NOISE, SENTENCES, _write_model, job_args
 
@@ -72,7 +72,7 @@ def test_every_record_out_exits_0(workdir, models, capsys):
     assert main(args) == cli.EXIT_OK
     summary = json.loads((workdir / "good.jsonl.summary.json").read_text())
     assert (summary["records_in"], summary["records_out"], summary["records_failed"]) == (4, 4, 0)
-    assert [row["id"] for row in io.read_jsonl(str(output))] == ["1", "2", "3", "4"]
+    assert [row["id"] for row in record_io.read_jsonl(str(output))] == ["1", "2", "3", "4"]
     assert "specdec: error" not in capsys.readouterr().err
 
 
@@ -89,7 +89,7 @@ def test_dead_letters_exit_3_and_the_summary_counts_them_per_reason(workdir, mod
     summary = json.loads((workdir / "some_bad.jsonl.summary.json").read_text())
     assert summary["failed_by_reason"] == {"empty": 2, "invalid_utf8": 1}
     assert (summary["records_out"], summary["records_failed"]) == (2, 3)
-    assert sorted(row["id"] for row in io.read_jsonl(str(output))) == ["1", "4"]
+    assert sorted(row["id"] for row in record_io.read_jsonl(str(output))) == ["1", "4"]
 
 
 def test_every_record_dead_also_exits_3(workdir, models, capsys):
@@ -137,7 +137,7 @@ def test_a_pipeline_failure_exits_1_and_keeps_the_finished_records(
     workdir, models, capsys, monkeypatch
 ):
     def broken(records, *, job, handler, parts=None):
-        io.start_parts(parts, translate.resume_settings(job))
+        record_io.start_parts(parts, translate.resume_settings(job))
         raise RuntimeError("disk on fire")  # the fault: the pipeline raises
 
     monkeypatch.setattr(translate, "run_pipeline", broken)

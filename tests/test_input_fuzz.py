@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipelines import cli, io, translate
+from pipelines import cli, record_io, translate
 from pipelines.cli import main
 from tests.test_translate_job import DRAFT_NOISE, SENTENCES, _write_model, job_args
 
@@ -79,7 +79,7 @@ def input_file(draw) -> bytes:
     if lines and draw(st.booleans()):
         data += newline
     if draw(st.booleans()):
-        data = io.BOM + data
+        data = record_io.BOM + data
     return data
 
 
@@ -92,44 +92,44 @@ def _count_lines(data: bytes) -> int:
 def _check(folder: pathlib.Path, suffix: str, data: bytes) -> None:
     path = folder / f"input{suffix}"
     path.write_bytes(data)
-    items = list(io._reader_for(path, FIELDS)(path))
+    items = list(record_io._reader_for(path, FIELDS)(path))
     assert len(items) == _count_lines(data)  # one record or dead letter per line
     assert [item.line for item in items] == list(range(1, len(items) + 1))
     for item in items:
         item.id.encode("utf-8")  # every id can be written
-        if isinstance(item, io.Record):
+        if isinstance(item, record_io.Record):
             assert item.source and item.source == item.source.strip()
             item.source.encode("utf-8")
             assert item.reference is None or isinstance(item.reference, str)
         else:
-            assert item.reason in io.REASONS and item.detail
+            assert item.reason in record_io.REASONS and item.detail
             json.dumps(item.to_json(), ensure_ascii=False).encode("utf-8")
     ids = [item.id for item in items]
     repeated = [i for i, n in collections.Counter(ids).items() if n > 1]
     if repeated:
-        with pytest.raises(io.InputError, match="duplicate id"):
-            io.read_records(str(path), fields=FIELDS)
+        with pytest.raises(record_io.InputError, match="duplicate id"):
+            record_io.read_records(str(path), fields=FIELDS)
         return
     if not items:
         return
-    records = io.read_records(str(path), fields=FIELDS)
+    records = record_io.read_records(str(path), fields=FIELDS)
     assert records == items
     # Route them as the job does: rows and dead letters into parts, then assembled.
     parts = folder / "out.jsonl.parts"
-    io.start_parts(str(parts), {"job": "fuzz"})
+    record_io.start_parts(str(parts), {"job": "fuzz"})
     entries = [
         ("output", {"id": r.id, "source": r.source, "reference": r.reference})
-        if isinstance(r, io.Record)
+        if isinstance(r, record_io.Record)
         else ("dead", r.to_json())
         for r in records
     ]
     for start in range(0, len(entries), 3):
-        io.write_part(str(parts), entries[start : start + 3])
+        record_io.write_part(str(parts), entries[start : start + 3])
     output, dead = folder / "out.jsonl", folder / "out.jsonl.dead.jsonl"
-    io.assemble(str(output), str(dead), *io.read_parts(str(parts)), order=ids)
-    io.remove_parts(str(parts))
-    rows, letters = io.read_jsonl(str(output)), io.read_jsonl(str(dead))
-    io.check_partition(ids, [r["id"] for r in rows], [d["id"] for d in letters])
+    record_io.assemble(str(output), str(dead), *record_io.read_parts(str(parts)), order=ids)
+    record_io.remove_parts(str(parts))
+    rows, letters = record_io.read_jsonl(str(output)), record_io.read_jsonl(str(dead))
+    record_io.check_partition(ids, [r["id"] for r in rows], [d["id"] for d in letters])
     by_id = {r.id: r for r in records}
     for row in rows:
         assert row["source"] == by_id[row["id"]].source  # the text survives the round trip
@@ -148,10 +148,10 @@ def test_every_line_lands_in_exactly_one_file(data, suffix):
 
 def test_a_bom_is_dropped_and_crlf_is_one_line_break(tmp_path):
     path = tmp_path / "in.jsonl"
-    path.write_bytes(io.BOM + b'{"id": "a", "source": "One."}\r\n{"source": "Two.\\r"}\r\n')
-    assert io.read_records(str(path)) == [
-        io.Record(id="a", source="One.", line=1),
-        io.Record(id="2", source="Two.", line=2),
+    path.write_bytes(record_io.BOM + b'{"id": "a", "source": "One."}\r\n{"source": "Two.\\r"}\r\n')
+    assert record_io.read_records(str(path)) == [
+        record_io.Record(id="a", source="One.", line=1),
+        record_io.Record(id="2", source="Two.", line=2),
     ]
 
 
@@ -170,8 +170,8 @@ def test_a_bom_is_dropped_and_crlf_is_one_line_break(tmp_path):
 def test_malformed_json_lines_are_named_dead_letters(tmp_path, text, detail):
     path = tmp_path / "in.jsonl"
     path.write_text(text + "\n")
-    (item,) = io.read_records(str(path))
-    assert isinstance(item, io.DeadLetter) and item.reason == io.BAD_RECORD
+    (item,) = record_io.read_records(str(path))
+    assert isinstance(item, record_io.DeadLetter) and item.reason == record_io.BAD_RECORD
     assert item.detail.startswith(detail), item.detail
 
 
@@ -179,7 +179,7 @@ def test_read_jsonl_splits_rows_at_newlines_only(tmp_path):
     path = tmp_path / "rows.jsonl"
     rows = [{"id": "1", "output": "a\u2028b\x85c\x1cd"}, {"id": "2", "output": "\x00"}]
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-    assert io.read_jsonl(str(path)) == rows
+    assert record_io.read_jsonl(str(path)) == rows
 
 
 # ------------------------------------------------------------------------ the real job
@@ -217,14 +217,14 @@ def _job(tmp_path, models, name: str, data: bytes):
         tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
     )
     code = main(args)
-    rows = io.read_jsonl(str(output))
-    dead = io.read_jsonl(io.default_dead_letter_path(str(output)))
+    rows = record_io.read_jsonl(str(output))
+    dead = record_io.read_jsonl(record_io.default_dead_letter_path(str(output)))
     return code, {r["id"]: r for r in rows}, {d["id"]: d for d in dead}
 
 
 def test_a_hostile_jsonl_file_through_the_job(tmp_path, models):
     lines = [
-        io.BOM + json.dumps({"id": "bom", "source": SENTENCES[0][0]}).encode(),
+        record_io.BOM + json.dumps({"id": "bom", "source": SENTENCES[0][0]}).encode(),
         json.dumps({"id": "nul", "source": "a\x00b " + SENTENCES[1][0]}).encode(),
         json.dumps({"id": "sep", "source": "x\u2028y\x85z"}, ensure_ascii=False).encode(),
         b'{"id": "bad", "source": "caf\xe9"}',

@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from pipelines import cli, io
+from pipelines import cli, record_io
 from pipelines.cli import main
 from tests.test_translate_job import DRAFT_NOISE, SENTENCES, _write_model, job_args
 
@@ -75,10 +75,10 @@ def _closed_port() -> int:
 
 def _check_job_without_mlflow(code, output, summary_path, err):
     assert code == cli.EXIT_OK
-    rows = io.read_jsonl(str(output))
+    rows = record_io.read_jsonl(str(output))
     assert [row["id"] for row in rows] == [str(i) for i in range(1, 7)]
     assert all(row["output_ids"] and row["tokens"] > 0 for row in rows)
-    assert io.read_jsonl(io.default_dead_letter_path(str(output))) == []
+    assert record_io.read_jsonl(record_io.default_dead_letter_path(str(output))) == []
     assert err.count(WARNING) == 1, err
     assert f"specdec log-run --summary-json {summary_path}" in err
     summary = json.loads(summary_path.read_text())

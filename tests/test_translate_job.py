@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import yaml
 
-from pipelines import io, job_report, translate
+from pipelines import job_report, record_io, translate
 from pipelines.cli import main
-from pipelines.models import DEFAULT_VOCAB
+from pipelines.model_resolver import DEFAULT_VOCAB
 from workers.batching import DecodeSettings, Generation
 
 SENTENCES = [
@@ -61,8 +61,8 @@ class JobRun:
     def __init__(self, code: int, output, summary_path):
         self.code = code
         self.summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
-        self.rows = {row["id"]: row for row in io.read_jsonl(str(output))}
-        self.dead = io.read_jsonl(io.default_dead_letter_path(str(output)))
+        self.rows = {row["id"]: row for row in record_io.read_jsonl(str(output))}
+        self.dead = record_io.read_jsonl(record_io.default_dead_letter_path(str(output)))
 
 
 def job_args(input_path, output, *, models, workers, temperature, tracking_uri, kind="translate"):
@@ -320,8 +320,8 @@ def test_bad_lines_are_dead_letters_and_no_id_is_lost(workdir, models, tracking_
 def test_a_lost_record_fails_the_job_loudly(workdir, models, tracking_uri, capsys, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    read_jsonl = io.read_jsonl
-    monkeypatch.setattr(io, "read_jsonl", lambda path: read_jsonl(path)[1:])  # drop one row
+    read_jsonl = record_io.read_jsonl
+    monkeypatch.setattr(record_io, "read_jsonl", lambda path: read_jsonl(path)[1:])  # drop one row
     output = workdir / "lossy.jsonl"
     args = job_args(
         workdir / "sentences.tsv",
@@ -510,14 +510,14 @@ def test_an_engine_error_costs_only_the_failing_record():
         ray_address=None, compare_baseline=True, job_id="test", warmup=False, progress=False,
     )  # fmt: skip
     items = [
-        translate.Tokenized(record=io.Record(id=i, source=i, line=n), encoder_tokens=(7, 1))
+        translate.Tokenized(record=record_io.Record(id=i, source=i, line=n), encoder_tokens=(7, 1))
         for n, i in enumerate(["ok1", "bad", "ok2"], start=1)
     ]
     results = handler.run_inference(items, _FakeEngine())
     assert [type(r).__name__ for r in results] == ["Decoded", "DeadLetter", "Decoded"]
     assert (results[1].id, results[1].reason, results[1].detail) == (
         "bad",
-        io.ENGINE_ERROR,
+        record_io.ENGINE_ERROR,
         "RuntimeError: cannot decode 'bad'",
     )
     assert results[0].generation.tokens == [5, 1] and results[0].baseline.tokens == [5, 1]

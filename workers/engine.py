@@ -19,21 +19,10 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from typing import Protocol
 
 from specdec_core import decoding
 from specdec_core.models.bound import BoundModel
 from workers.batching import DecodeSettings, Generation, PackedBatch, Request, pack, unpack
-
-
-class Engine(Protocol):
-    settings: DecodeSettings
-
-    def generate(self, requests: Sequence[Request]) -> list[Generation]: ...
-
-    def generate_baseline(self, requests: Sequence[Request]) -> list[Generation]: ...
-
-    def close(self) -> None: ...
 
 
 def decode_speculative(

@@ -64,7 +64,7 @@ model or a missing checkpoint fail before any work, naming the problem and the f
         optional: false          # true: leave out (with a note) drafts without a checkpoint,
                                  # and the whole entry if the target has none
 
-A model reference is resolved by :func:`pipelines.models.resolve_model_entry`: a model
+A model reference is resolved by :func:`pipelines.model_resolver.resolve_model_entry`: a model
 config name (``configs/models/NAME.yaml``, checkpoint in its export folder), a path to
 one, or a mapping ``{preset: NAME, checkpoint: FOLDER, overrides: {field: value}, name:
 LABEL}`` for a registry preset (``gpt_97m``, ``lamda_137b``, ...) with a T5X checkpoint

@@ -1,4 +1,4 @@
-"""The grid's models: neural models resolved by :func:`pipelines.models.resolve_model_entry`
+"""The grid's models: neural models resolved by :func:`pipelines.model_resolver.resolve_model_entry`
 and loaded as :class:`~specdec_core.models.bound.BoundModel`, and the study's own
 ``unigram`` / ``bigram`` drafts, fit on the dataset's training split."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NoReturn
 
-from pipelines import models
+from pipelines import model_resolver
 from pipelines.configs import ConfigError
 from pipelines.study.dataset import DatasetConfig, ngram_sequences
 from specdec_core.models import families, ngram
@@ -35,7 +35,7 @@ class ModelRef:
         return self.family in NGRAM_DRAFTS
 
     @classmethod
-    def from_resolved(cls, resolved: models.ResolvedModel) -> ModelRef:
+    def from_resolved(cls, resolved: model_resolver.ResolvedModel) -> ModelRef:
         spec = resolved.spec
         return cls(
             name=spec.name,
@@ -59,10 +59,10 @@ def parse_model_ref(value: Any, *, where: str, file: str, draft: bool) -> ModelR
             fail(file, where, f"{value!r} can only be a draft")
         return ModelRef(name=value, family=value)
     try:
-        resolved = models.resolve_model_entry(value, where=where, also=NGRAM_DRAFTS)
-    except models.MissingCheckpointError as error:
+        resolved = model_resolver.resolve_model_entry(value, where=where, also=NGRAM_DRAFTS)
+    except model_resolver.MissingCheckpointError as error:
         raise MissingCheckpoint(f"{file}: {error}") from error
-    except models.ModelResolutionError as error:
+    except model_resolver.ModelResolutionError as error:
         raise ConfigError(f"{file}: {error}") from error
     return ModelRef.from_resolved(resolved)
 
