@@ -4,7 +4,8 @@ Schema (every section optional except ``model``; unknown keys are an error that 
 the key and the file)::
 
     name: ende_target            # run/checkpoint name; defaults to the file's stem
-    family: t5                   # "t5" (models/t5.T5Config) | "decoder" (DecoderConfig)
+    family: t5                   # a family with checkpoints (specdec_core.models.families):
+                                 # "t5" (T5Config) | "decoder" (DecoderConfig)
     model: {...}                 # the family's config fields (vocab_size, emb_dim, ...)
     data: {...}                  # DataConfig
     train: {...}                 # TrainConfig
@@ -27,10 +28,11 @@ from typing import Any
 
 import yaml
 
-from specdec_core.models import decoder, t5
+from specdec_core.models import decoder, families, t5
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-FAMILIES = {"t5": t5.T5Config, "decoder": decoder.DecoderConfig}
+# The families a model YAML can name: those trained here and loaded from T5X checkpoints.
+FAMILIES = {name: families.get(name).config_class for name in families.with_weights("checkpoint")}
 
 
 class ConfigError(ValueError):
@@ -206,6 +208,6 @@ def param_count(config: t5.T5Config | decoder.DecoderConfig) -> int:
     """Number of parameters ``init_params`` would make (from shapes, no memory)."""
     import jax
 
-    module = t5 if isinstance(config, t5.T5Config) else decoder
-    shapes = jax.eval_shape(lambda: module.init_params(config, jax.random.key(0)))
+    family = families.of_config(config)
+    shapes = jax.eval_shape(lambda: family.init_params(config, jax.random.key(0)))
     return sum(int(x.size) for x in jax.tree.leaves(shapes))

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 
 from pipelines import configs, train
 from pipelines.data import ding
+from specdec_core.models import families
 
 PREFIX = train.PREFIX
 EOS_ID = train.EOS_ID
@@ -131,7 +132,7 @@ def build(
     import sentencepiece as spm
 
     model_file = configs.load_model_config(configs.resolve(teacher_config))
-    if model_file.family != "t5":
+    if not families.get(model_file.family).is_encoder_decoder:
         raise ValueError(f"{model_file.path}: kd_data needs an encoder-decoder (t5) teacher")
     data_dir = configs.resolve(model_file.data.data_dir)
     output = configs.resolve(output)
@@ -141,7 +142,7 @@ def build(
         model_file=str(configs.resolve(model_file.data.vocab_path))
     )
     max_in = model_file.data.max_input_length
-    encoded = [train._trim(x, max_in) for x in processor.encode([PREFIX + e for e in english])]
+    encoded = [train.trim(x, max_in) for x in processor.encode([PREFIX + e for e in english])]
     model = teacher_model(model_file, checkpoint)
     started = time.perf_counter()
     lines, truncated, empty = [], 0, 0
