@@ -1,7 +1,8 @@
-"""seqio tasks: the local Ding and Debian En→De corpora, WMT T2T En→De, CNN/DailyMail.
+"""seqio tasks: the local Ding and Debian En→De corpora, WMT T2T En→De, CNN/DailyMail,
+and the Debian package-description summaries.
 
-``register_tasks(ding_dir=..., debian_dir=..., tfds_data_dir=..., vocab_path=...)``
-(re)registers
+``register_tasks(ding_dir=..., debian_dir=..., summaries_dir=..., tfds_data_dir=...,
+vocab_path=...)`` (re)registers
 
 - ``ding_ende``: the TSV splits written by ``python -m pipelines.data.ding``
   (``{split}.tsv`` or ``{split}.tsv.gz``, ``english<TAB>german``);
@@ -10,6 +11,10 @@
   ``pipelines.data.debian.build.read_split``: all sources, interleaved);
 - ``wmt_t2t_ende``: TFDS ``wmt_t2t_translate/de-en:1.0.0``;
 - ``cnn_dailymail``: TFDS ``cnn_dailymail:3.4.0``;
+- ``debian_summaries``: long description → synopsis of Debian packages, written by
+  ``specdec prepare --corpus summaries`` (``{split}.tsv.xz``, read with
+  ``pipelines.data.summaries.read_split``) and yielded as ``{"article", "highlights"}``
+  like ``cnn_dailymail``, so the two differ by task name alone;
 
 all with T5's preprocessing (``translate English to German: {en}`` -> ``{de}``;
 ``summarize: {article}`` -> ``{highlights}``), tokenized with the project's SentencePiece
@@ -34,7 +39,7 @@ import seqio
 import tensorflow as tf
 
 from pipelines import vocab as vocab_lib
-from pipelines.data import ding
+from pipelines.data import ding, summaries
 from pipelines.data.debian import build as debian_build
 
 read_ding_split = ding.read_split  # plain-Python reader of the Ding TSV splits
@@ -43,9 +48,11 @@ DING_ENDE = "ding_ende"
 DEBIAN_ENDE = "debian_ende"
 WMT_T2T_ENDE = "wmt_t2t_ende"
 CNN_DAILYMAIL = "cnn_dailymail"
-TASK_NAMES = (DING_ENDE, DEBIAN_ENDE, WMT_T2T_ENDE, CNN_DAILYMAIL)
+DEBIAN_SUMMARIES = "debian_summaries"
+TASK_NAMES = (DING_ENDE, DEBIAN_ENDE, WMT_T2T_ENDE, CNN_DAILYMAIL, DEBIAN_SUMMARIES)
 DEFAULT_DING_DIR = vocab_lib.DEFAULT_DATA_DIR
 DEFAULT_DEBIAN_DIR = debian_build.DEFAULT_OUTPUT
+DEFAULT_SUMMARIES_DIR = summaries.DEFAULT_OUTPUT
 DEFAULT_TFDS_DATA_DIR = pathlib.Path(
     os.environ.get("TFDS_DATA_DIR", pathlib.Path.home() / "tensorflow_datasets")
 )
@@ -133,6 +140,24 @@ def debian_dataset_fn(debian_dir: str | pathlib.Path) -> Callable[..., tf.data.D
     return dataset_fn
 
 
+def summaries_dataset_fn(summaries_dir: str | pathlib.Path) -> Callable[..., tf.data.Dataset]:
+    """A seqio ``dataset_fn`` yielding ``{"article", "highlights"}`` (CNN/DM's features)."""
+
+    def dataset_fn(split: str, shuffle_files: bool, seed: int | None = None) -> tf.data.Dataset:
+        del shuffle_files, seed  # one file per split, in a fixed hash order
+        records = summaries.read_split(summaries_dir, split)  # raises naming the file
+        articles = [record.text for record in records]
+        highlights = [record.summary for record in records]
+        return tf.data.Dataset.from_tensor_slices(
+            {
+                "article": tf.constant(articles, tf.string),
+                "highlights": tf.constant(highlights, tf.string),
+            }
+        )
+
+    return dataset_fn
+
+
 def _parse_tsv_line(line: tf.Tensor) -> dict[str, tf.Tensor]:
     """``english<TAB>german`` -> ``{"en": english, "de": german}`` (no quoting rules)."""
     english, german = tf.io.decode_csv(
@@ -198,10 +223,11 @@ def register_tasks(
     *,
     ding_dir: str | pathlib.Path = DEFAULT_DING_DIR,
     debian_dir: str | pathlib.Path = DEFAULT_DEBIAN_DIR,
+    summaries_dir: str | pathlib.Path = DEFAULT_SUMMARIES_DIR,
     tfds_data_dir: str | pathlib.Path = DEFAULT_TFDS_DATA_DIR,
     vocab_path: str | pathlib.Path = vocab_lib.DEFAULT_VOCAB_PATH,
 ) -> tuple[str, ...]:
-    """Registers (or re-registers) the four tasks with these locations; returns their names.
+    """Registers (or re-registers) the five tasks with these locations; returns their names.
 
     Idempotent: calling again replaces the tasks, so the last call's directories win.
     Nothing is read until a dataset is requested.
@@ -221,4 +247,8 @@ def register_tasks(
         dataset_fn = tfds_dataset_fn(spec, tfds_data_dir)
         source = seqio.FunctionDataSource(dataset_fn, splits=spec.splits)
         _add_task(name, source, preprocessor, vocabulary)
+    summaries_source = seqio.FunctionDataSource(
+        summaries_dataset_fn(summaries_dir), splits=summaries.SPLITS
+    )
+    _add_task(DEBIAN_SUMMARIES, summaries_source, summarize, vocabulary)
     return TASK_NAMES

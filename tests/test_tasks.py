@@ -82,7 +82,13 @@ def test_ding_task_translates_english_to_german(tmp_path, tiny_vocab_path, compr
     registered = tasks.register_tasks(
         ding_dir=tmp_path, tfds_data_dir=tmp_path / "tfds", vocab_path=tiny_vocab_path
     )
-    assert registered == ("ding_ende", "debian_ende", "wmt_t2t_ende", "cnn_dailymail")
+    assert registered == (
+        "ding_ende",
+        "debian_ende",
+        "wmt_t2t_ende",
+        "cnn_dailymail",
+        "debian_summaries",
+    )
     vocabulary = vocab.get_vocabulary(tiny_vocab_path)
     assert _decoded_examples("ding_ende", "train", vocabulary) == [
         ("translate English to German: eel stock", "Aalbestand"),
