@@ -35,26 +35,26 @@ ui: $(RUN_STAMP)
 
 ## Retrain the embedded En->De pair (target + two drafts, then the small draft distilled
 ## from the target: on the reference German, then on the target's own translations
-## of every training sentence, which pipelines.kd_data writes to runs/kd/, then the large
+## of every training sentence, which specdec kd-data writes to runs/kd/, then the large
 ## draft on the same data); resumable: rerun to continue from runs/train/ (see
 ## assets/checkpoints/README.md for steps and timings).
 models: $(RUN_STAMP)
-	$(BIN)/python -m pipelines.train --config configs/models/ende_target.yaml --resume
-	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_small.yaml --resume
-	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_base.yaml --resume
-	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_distill.yaml --resume
-	test -f runs/kd/ende_target_full/kd.json || $(BIN)/python -m pipelines.kd_data \
+	$(BIN)/specdec train --config configs/models/ende_target.yaml --resume
+	$(BIN)/specdec train --config configs/models/ende_draft_small.yaml --resume
+	$(BIN)/specdec train --config configs/models/ende_draft_base.yaml --resume
+	$(BIN)/specdec train --config configs/models/ende_draft_distill.yaml --resume
+	test -f runs/kd/ende_target_full/kd.json || $(BIN)/specdec kd-data \
 	    --teacher-config configs/models/ende_target.yaml --output runs/kd/ende_target_full --batch-size 64 \
 	    --teacher-checkpoint assets/checkpoints/ende_target
-	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_kd.yaml --resume
-	$(BIN)/python -m pipelines.train --config configs/models/ende_draft_large.yaml --resume
+	$(BIN)/specdec train --config configs/models/ende_draft_kd.yaml --resume
+	$(BIN)/specdec train --config configs/models/ende_draft_large.yaml --resume
 
 ## Train the English decoder-only pairs of the acceptance study (GPT-like, LaMDA-style;
 ## configs/studies/table3_small.yaml), resumable like `models`.
 models-en: $(RUN_STAMP)
 	for name in gpt_en_draft lamda_en_draft gpt_en_draft_large lamda_en_draft_large \
 	    gpt_en_target lamda_en_target; do \
-	  $(BIN)/python -m pipelines.train --config configs/models/$$name.yaml --resume || exit 1; \
+	  $(BIN)/specdec train --config configs/models/$$name.yaml --resume || exit 1; \
 	done
 
 ## The Debian-corpus target (issue 21): the committed corpus and vocabulary (rebuilt only
@@ -62,9 +62,9 @@ models-en: $(RUN_STAMP)
 ## download), then the target; resumable from runs/train/ende_target_debian (rerun to
 ## continue), exports to runs/export/ende_target_debian.
 models-debian: $(RUN_STAMP)
-	test -f assets/data/debian/counts.json || $(BIN)/python -m pipelines.data.debian.build
-	test -f assets/spm/ende_debian.model || $(BIN)/python -m pipelines.vocab --corpus debian
-	$(BIN)/python -m pipelines.train --config configs/models/ende_target_debian.yaml --resume
+	test -f assets/data/debian/counts.json || $(BIN)/specdec prepare --corpus debian
+	test -f assets/spm/ende_debian.model || $(BIN)/specdec vocab --corpus debian
+	$(BIN)/specdec train --config configs/models/ende_target_debian.yaml --resume
 
 ## The whole test suite, statistical and end-to-end tests included.
 test: $(STAMP)

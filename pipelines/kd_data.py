@@ -1,12 +1,13 @@
 """Sequence-level distillation data: the target's own translations as training pairs.
 
-``python -m pipelines.kd_data --teacher-config configs/models/ende_target.yaml
---output runs/kd/ende_target`` decodes English inputs of the teacher's training split
-with the teacher (greedy at T=0, sampled at T=1, ...) and writes the result as a Ding-
-style data folder: ``train.tsv`` holds ``english<TAB>teacher's German`` (one line per
-input and temperature), ``validation.tsv`` / ``test.tsv`` are copied unchanged (so
-evaluation still scores against real references), and ``kd.json`` records the teacher,
-its step, the settings and the counts.
+``specdec kd-data --teacher-config configs/models/ende_target.yaml --output
+runs/kd/ende_target`` (or ``python -m pipelines.kd_data``, the same flags) decodes
+English inputs of the teacher's training split with the teacher (greedy at T=0, sampled
+at T=1, ...) and writes the result as a Ding-style data folder: ``train.tsv`` holds
+``english<TAB>teacher's German`` (one line per input and temperature),
+``validation.tsv`` / ``test.tsv`` are copied unchanged (so evaluation still scores
+against real references), and ``kd.json`` records the teacher, its step, the settings
+and the counts.
 
 Why: speculative decoding accepts a drafted token with probability min(1, p/q) along the
 *target's* trajectories, and at T=0 only the target's argmax is ever accepted. A draft
@@ -207,34 +208,56 @@ def _teacher_step(model_file: configs.ModelFileConfig, checkpoint: pathlib.Path 
     return max(steps) if steps else None
 
 
-def main(argv: Sequence[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``specdec kd-data`` / ``python -m pipelines.kd_data``."""
     parser.add_argument("--teacher-config", required=True, help="the target's model YAML")
     parser.add_argument("--output", required=True, help="data folder to write")
     parser.add_argument("--teacher-checkpoint", help="default: the config's latest checkpoint")
-    parser.add_argument("--inputs", default="sentences", help="'sentences' (default) or 'all'")
+    parser.add_argument(
+        "--inputs", choices=("sentences", "all"), default="sentences", help="default sentences"
+    )
     parser.add_argument("--limit", type=int, default=0, help="first N distinct inputs (0 = all)")
     parser.add_argument("--temperatures", default="0,1", help="one pass per temperature")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+
+
+def build_from_args(args: argparse.Namespace) -> dict:
+    """:func:`build` with the command line's settings, checked first (ValueError naming the
+    flag); returns what kd.json records."""
+    temperatures = parse_temperatures(args.temperatures)
+    if args.limit < 0 or args.batch_size < 1 or args.max_new_tokens < 1:
+        raise ValueError("--limit must be >= 0, --batch-size and --max-new-tokens >= 1")
+    return build(
+        teacher_config=args.teacher_config,
+        output=args.output,
+        teacher_checkpoint=args.teacher_checkpoint,
+        inputs=args.inputs,
+        limit=args.limit,
+        temperatures=temperatures,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        max_new_tokens=args.max_new_tokens,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """``specdec kd-data``: :func:`build_from_args`; returns the exit status."""
+    build_from_args(args)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    """``python -m pipelines.kd_data ARGS``; exits with a message on bad settings."""
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.kd_data", description=__doc__.split("\n\n")[0]
+    )
+    add_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        temperatures = parse_temperatures(args.temperatures)
-        if args.limit < 0 or args.batch_size < 1 or args.max_new_tokens < 1:
-            raise ValueError("--limit must be >= 0, --batch-size and --max-new-tokens >= 1")
-        return build(
-            teacher_config=args.teacher_config,
-            output=args.output,
-            teacher_checkpoint=args.teacher_checkpoint,
-            inputs=args.inputs,
-            limit=args.limit,
-            temperatures=temperatures,
-            seed=args.seed,
-            batch_size=args.batch_size,
-            max_new_tokens=args.max_new_tokens,
-        )
-    except (ValueError, FileNotFoundError, configs.ConfigError) as error:
+        return build_from_args(args)
+    except (ValueError, FileNotFoundError) as error:  # configs.ConfigError is a ValueError
         sys.exit(f"kd_data: {error}")
 
 

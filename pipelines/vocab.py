@@ -13,11 +13,12 @@ test sentences (pieces per word, English / German): 4k 1.88 / 2.10, **8k 1.65 / 
 layer; 8k -> 4k halves it but lengthens sequences by ~14%. T5's 32k vocabulary would
 quadruple the output layer of a 2M-parameter draft.
 
-Run ``python -m pipelines.vocab`` to retrain ``assets/spm/ende.model`` from the
-committed train split; training is deterministic (one thread, fixed seed, no sampling).
+Run ``specdec vocab`` (or ``python -m pipelines.vocab``) to retrain
+``assets/spm/ende.model`` from the committed train split; training is deterministic (one
+thread, fixed seed, no sampling).
 
 The Debian corpus (``pipelines.data.debian``) has its own model,
-``assets/spm/ende_debian.model``: ``python -m pipelines.vocab --corpus debian``
+``assets/spm/ende_debian.model``: ``specdec vocab --corpus debian``
 (a seeded sample of ``DEBIAN_SAMPLE_SENTENCES`` of the train sides of every source).
 ``--measure 8000,32000`` trains each size into ``runs/spm_measure/`` and ``--compare
 A.model,B.model`` measures given models: pieces per sentence and the unknown-character
@@ -218,22 +219,42 @@ def _measure(args) -> None:
         )
 
 
-def main(argv: Sequence[str] | None = None) -> pathlib.Path | None:
-    """Command line: ``python -m pipelines.vocab [--corpus ding|debian] [--output PATH]``."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``specdec vocab`` / ``python -m pipelines.vocab``."""
     parser.add_argument("--corpus", choices=("ding", "debian"), default="ding")
     parser.add_argument("--data", default=None, help="split directory (default per corpus)")
     parser.add_argument("--output", default=None, help="model path (.model)")
-    parser.add_argument("--vocab-size", type=int, default=None)
+    parser.add_argument("--vocab-size", type=_positive("--vocab-size"), default=None)
     parser.add_argument("--measure", default=None, help="debian: comma list of sizes to compare")
     parser.add_argument("--compare", default=None, help="debian: comma list of .model files")
     parser.add_argument(
         "--sample-sentences",
-        type=int,
+        type=_positive("--sample-sentences"),
         default=None,
         help=f"debian: sentences sampled for training (default {DEBIAN_SAMPLE_SENTENCES})",
     )
-    args = parser.parse_args(argv)
+
+
+def _positive(flag: str):
+    """An argparse type: an int >= 1, else an error naming ``flag``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be int, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{flag} must be >= 1, got {text}")
+        return value
+
+    return parse
+
+
+def build_from_args(args: argparse.Namespace) -> pathlib.Path | None:
+    """Trains the chosen corpus's model (or measures, with --measure/--compare); returns
+    the model's path (None when measuring)."""
+    if args.corpus != "debian" and (args.measure or args.compare):
+        raise ValueError("--measure and --compare only apply with --corpus debian")
     if args.corpus == "debian":
         from pipelines.data.debian import build
 
@@ -263,6 +284,21 @@ def main(argv: Sequence[str] | None = None) -> pathlib.Path | None:
     for side, texts in (("English", [en for en, _ in test]), ("German", [de for _, de in test])):
         print(f"{side} test sentences: {pieces_per_word(path, texts):.2f} pieces per word")
     return path
+
+
+def run(args: argparse.Namespace) -> int:
+    """``specdec vocab``: :func:`build_from_args`; returns the exit status."""
+    build_from_args(args)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> pathlib.Path | None:
+    """Command line: ``python -m pipelines.vocab [--corpus ding|debian] [--output PATH]``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.vocab", description=__doc__.split("\n\n")[0]
+    )
+    add_arguments(parser)
+    return build_from_args(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
