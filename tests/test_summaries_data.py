@@ -201,7 +201,8 @@ def test_build_is_deterministic_caches_its_inputs_and_counts_match_the_files(tmp
         path.unlink()
     second = summaries.build(tmp_path / "out2", cache=tmp_path / "cache", lists_dir=lists)
     assert first == second
-    for name in ("train.tsv.xz", "validation.tsv.xz", "test.tsv.xz", "counts.json", "LICENSE.md"):
+    names = ("train.tsv.xz", "validation.tsv.xz", "test.tsv.xz", "test_sample.jsonl")
+    for name in (*names, "counts.json", "LICENSE.md"):
         assert (tmp_path / "out1" / name).read_bytes() == (tmp_path / "out2" / name).read_bytes()
     _assert_counts_match_files(tmp_path / "out1")
     records = [r for s in summaries.SPLITS for r in summaries.read_split(tmp_path / "out1", s)]
@@ -266,6 +267,26 @@ def test_committed_corpus_matches_its_counts_and_keeps_sources_whole():
     for name, records in splits.items():
         assert {summaries.split_of(r.source) for r in records} == {name}
     assert "debian/copyright" in (folder / "LICENSE.md").read_text()
+    sample = [json.loads(line) for line in (folder / "test_sample.jsonl").read_text().splitlines()]
+    assert sample == [
+        {"id": ",".join(r.packages), "source": r.text, "reference": r.summary}
+        for r in splits["test"][: summaries.SAMPLE_RECORDS]
+    ]
+    assert len(sample) == summaries.SAMPLE_RECORDS
+
+
+def test_the_test_sample_reads_as_summarize_job_input():
+    from pipelines import record_io, translate
+
+    path = summaries.DEFAULT_OUTPUT / "test_sample.jsonl"
+    records = list(record_io.read_records(str(path), fields=translate.SUMMARIZE.fields))
+    assert len(records) == summaries.SAMPLE_RECORDS
+    first = summaries.read_split(summaries.DEFAULT_OUTPUT, "test")[0]
+    assert (records[0].id, records[0].source, records[0].reference) == (
+        ",".join(first.packages),
+        first.text,
+        first.summary,
+    )
 
 
 def test_seqio_task_reads_the_summaries_like_cnn_dailymail(tmp_path):

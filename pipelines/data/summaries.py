@@ -36,8 +36,10 @@ Build (``python -m pipelines.data.summaries`` or ``specdec prepare --corpus summ
 
 Output in ``assets/data/summaries/``: ``{train,validation,test}.tsv.xz`` with lines
 ``packages<TAB>source<TAB>text<TAB>summary`` (``packages`` comma-separated; each split
-in a fixed hash order, so the first N records are a random sample), ``counts.json``
-and ``LICENSE.md``.
+in a fixed hash order, so the first N records are a random sample), ``counts.json``,
+``LICENSE.md``, and ``test_sample.jsonl``: the first ``SAMPLE_RECORDS`` test records as
+``{"id", "source", "reference"}`` lines (``id``: the packages), an input for
+``specdec summarize --input``.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ SPLITS = ding.SPLITS
 SALT = "debian-summaries-v1"
 TEST_FRACTION, VALIDATION_FRACTION = 0.03, 0.03
 MIN_TEXT_WORDS = 30
+SAMPLE_RECORDS = 50
 TRANSLATION_CACHE = "ddtp/Translation-en"
 SOURCES_CACHE = "ddtp/package-sources.tsv"
 PACKAGES_GLOB = "*_dists_bookworm_main_binary-*_Packages*"
@@ -396,11 +399,24 @@ The text was changed only in form: paragraphs and lines joined, list bullets rem
 """
 
 
+def write_sample(path: pathlib.Path, records: Sequence[Record]) -> None:
+    """``{"id", "source", "reference"}`` JSONL of ``records`` (the job's input format)."""
+    ids = [",".join(record.packages) for record in records]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"two sample records share packages: {sorted(ids)}")
+    lines = (
+        json.dumps({"id": id_, "source": r.text, "reference": r.summary}, ensure_ascii=False)
+        for id_, r in zip(ids, records, strict=True)
+    )
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
 def write_outputs(output: pathlib.Path, splits: Mapping[str, Sequence[Record]], counts) -> dict:
-    """Writes the three splits, ``counts.json`` and ``LICENSE.md``; returns the counts."""
+    """Writes the splits, the test sample, ``counts.json`` and ``LICENSE.md``; returns counts."""
     output.mkdir(parents=True, exist_ok=True)
     for name in SPLITS:
         write_split(output / f"{name}.tsv.xz", splits[name])
+    write_sample(output / "test_sample.jsonl", splits["test"][:SAMPLE_RECORDS])
     every = [record for name in SPLITS for record in splits[name]]
     totals = {
         "corpus": "Debian bookworm main package descriptions: long description -> synopsis",
