@@ -35,7 +35,7 @@ import pathlib
 
 import numpy as np
 
-from pipelines import model_resolver, study
+from pipelines import model_resolver, text
 from specdec_core import theory
 from specdec_core.models import prompt_lookup
 from specdec_core.models.bound import load_model
@@ -45,7 +45,7 @@ from workers.engine import InProcessEngine
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "assets" / "samples" / "en_de_sample.tsv"
-PREFIX, EOS = study.T5_PREFIX, study.T5_EOS_ID
+PREFIX, EOS = text.TRANSLATE_PREFIX, text.EOS_ID
 MAX_NEW = 64  # the translate job's default --max-new-tokens
 
 
@@ -57,15 +57,13 @@ def load(ref: str, role: str):
 
 
 def sample_requests() -> list[Request]:
-    import sentencepiece as spm
-
-    processor = spm.SentencePieceProcessor(model_file=str(model_resolver.DEFAULT_VOCAB))
+    processor = text.sentencepiece(str(model_resolver.DEFAULT_VOCAB))
     lines = [line.split("\t") for line in SAMPLE.read_text(encoding="utf-8").splitlines()]
     return [
         Request(
             id=f"line{i}",
-            prompt_tokens=(0,),
-            encoder_tokens=(*processor.encode(PREFIX + en), EOS),
+            prompt_tokens=(text.DECODER_START_ID,),
+            encoder_tokens=text.encode(processor, PREFIX, en),
         )
         for i, (en, _) in enumerate(lines)
     ]

@@ -52,7 +52,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pipelines import model_resolver, study
+from pipelines import model_resolver, study, text
 from pipelines.data import ding
 from specdec_core import decoding, theory
 from specdec_core.models.api import rollback
@@ -62,7 +62,7 @@ from workers.batching import DecodeSettings, Request, pack
 from workers.engine import InProcessEngine
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-PREFIX, EOS = study.T5_PREFIX, study.T5_EOS_ID  # the ding_ende task's preprocessing
+PREFIX, EOS = text.TRANSLATE_PREFIX, text.EOS_ID  # the ding_ende task's preprocessing
 TEMPERATURES = (0.0, 1.0)
 
 
@@ -84,11 +84,11 @@ def load(name: str, role: str):
 
 
 def encode(processor, sentences) -> list[tuple[int, ...]]:
-    return [(*processor.encode(PREFIX + en), EOS) for en, _ in sentences]
+    return [text.encode(processor, PREFIX, en) for en, _ in sentences]
 
 
-def padded(encoded, width_multiple: int = study.ENCODER_BUCKET) -> np.ndarray:
-    width = -(-max(map(len, encoded)) // width_multiple) * width_multiple
+def padded(encoded) -> np.ndarray:
+    width = text.padded_length(max(map(len, encoded)))
     out = np.zeros((len(encoded), width), np.int32)
     for row, ids in enumerate(encoded):
         out[row, : len(ids)] = ids
@@ -147,7 +147,7 @@ def _median_time(fn, repeats: int = 7) -> float:
 
 def decode_cache_len(max_new: int, gamma: int) -> int:
     """Decoder cache slots of a decode as the engine packs it (prompt bucket included)."""
-    request = Request(id="x", prompt_tokens=(0,), encoder_tokens=(1,))
+    request = Request(id="x", prompt_tokens=(text.DECODER_START_ID,), encoder_tokens=(EOS,))
     return pack([request], DecodeSettings(gamma=gamma, max_new_tokens=max_new)).max_len
 
 
@@ -398,14 +398,13 @@ def main() -> None:
     parser.add_argument("--json", default="runs/bench/ende_speedup.json")
     args = parser.parse_args()
     import sacrebleu
-    import sentencepiece as spm
 
     gammas = tuple(int(g) for g in args.gammas.split(","))
-    processor = spm.SentencePieceProcessor(model_file=str(model_resolver.DEFAULT_VOCAB))
+    processor = text.sentencepiece(str(model_resolver.DEFAULT_VOCAB))
     sentences = full_sentences(args.sentences, args.split)
     encoded = encode(processor, sentences)
     requests = [
-        Request(id=f"{args.split}-{i}", prompt_tokens=(0,), encoder_tokens=ids)
+        Request(id=f"{args.split}-{i}", prompt_tokens=(text.DECODER_START_ID,), encoder_tokens=ids)
         for i, ids in enumerate(encoded)
     ]
     target, target_resolved = load(args.target, "target")
@@ -613,12 +612,12 @@ def main() -> None:
                 for goal in (2.0, 1.6):
                     need = alpha_needed(cost, goal, steps)
                     report["alpha_needed"][f"{draft.name}@{b}:T={t:g}:{goal}"] = need
-                    text = (
+                    needs = (
                         f"α ≥ {need[0]:.3f} (γ={need[1]})"
                         if need
                         else f"unreachable for γ ≤ {max(gammas)} even at α = 1"
                     )
-                    print(f"cost model, {draft.name}, T={t:g}, batch {b}: {goal}x needs {text}")
+                    print(f"cost model, {draft.name}, T={t:g}, batch {b}: {goal}x needs {needs}")
     for (t, b), (per_token, per_iteration) in overheads.items():
         its = ", ".join(f"γ={g} {1e3 * v:.2f}" for g, v in per_iteration.items())
         print(f"loop work ms, T={t:g} batch {b}: target-only {1e3 * per_token:.2f}/token; {its}")

@@ -26,7 +26,7 @@ ensure_ray(num_cpus=8)  # before JAX starts threads; logical CPUs for all engine
 
 from specdec_core.models import bound, registry  # noqa: E402
 from workers.batching import DecodeSettings, Request  # noqa: E402
-from workers.engine import InProcessEngine  # noqa: E402
+from workers.engine import EngineConfig, InProcessEngine  # noqa: E402
 from workers.spec import ModelSpec  # noqa: E402
 
 TARGET = dict(
@@ -139,8 +139,7 @@ def main() -> None:
                     target_spec,
                     draft_spec,
                     settings,
-                    draft_placement=placement,
-                    transport=transport,
+                    config=EngineConfig(kind="ray", draft_placement=placement, transport=transport),
                 )
             results = interleaved(engines, reqs, batch_size, args.rounds)
             local_tps, local_out = results.pop("inprocess")

@@ -27,16 +27,20 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import pathlib
 import sys
 
-import numpy as np
-
+from pipelines.arguments import ranged as _ranged
 from pipelines.model_resolver import DEFAULT_DRAFT, DEFAULT_GAMMA, DEFAULT_TARGET
 from pipelines.record_io import JobFailed, PartitionError
-from workers.spec import DEFAULT_DRAFT_PLACEMENT, DEFAULT_TRANSPORT, DRAFT_PLACEMENTS, TRANSPORTS
+from workers.spec import (
+    DEFAULT_DRAFT_PLACEMENT,
+    DEFAULT_TRANSPORT,
+    DRAFT_PLACEMENTS,
+    ENGINE_KINDS,
+    TRANSPORTS,
+)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -87,106 +91,6 @@ def enable_compile_cache(directory: str | os.PathLike | None = None) -> pathlib.
     return path
 
 
-def _demo(args: argparse.Namespace) -> int:
-    import jax
-
-    from specdec_core import decoding, theory
-    from specdec_core.models import table
-    from specdec_core.sampling import SamplingConfig
-
-    config = SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    vocab, prompt_len, batch = 64, 8, args.batch_size
-    target_params = table.init_params(
-        jax.random.key(args.seed),
-        vocab_size=vocab,
-        scale=4.0,
-        work_dim=1024,
-        work_layers=args.target_layers,
-    )
-    noise = table.init_params(jax.random.key(args.seed + 1), vocab_size=vocab, scale=4.0)
-    draft_params = table.from_table(0.85 * target_params.table + 0.15 * noise.table)
-    target = functools.partial(table.forward, target_params)
-    draft = functools.partial(table.forward, draft_params)
-    max_len = prompt_len + args.max_new_tokens + args.gamma + 2
-    prompts = np.random.default_rng(args.seed).integers(0, vocab, (batch, prompt_len))
-    common = dict(
-        prompt_tokens=prompts,
-        prompt_lengths=np.full(batch, prompt_len),
-        request_ids=np.arange(batch),
-        max_new_tokens=args.max_new_tokens,
-        sampling_config=config,
-        seed=args.seed,
-    )
-
-    def run_both():
-        base = decoding.autoregressive_generate(
-            target=target, target_cache=table.init_cache(batch, max_len), **common
-        )
-        spec = decoding.speculative_generate(
-            target=target,
-            target_cache=table.init_cache(batch, max_len),
-            draft=draft,
-            draft_cache=table.init_cache(batch, max_len),
-            gamma=args.gamma,
-            **common,
-        )
-        return base, spec
-
-    print("compiling ...", file=sys.stderr, flush=True)
-    run_both()
-    base, spec = run_both()
-    alpha = theory.empirical_alpha(
-        int(spec.accepted.sum()),
-        int(spec.iterations.sum()),
-        int(spec.accepted_by_position[:, -1].sum()),
-    )
-    summary = {
-        "speedup": base.total_s / spec.total_s,
-        "alpha": alpha,
-        "mean_accepted_length": float(
-            (spec.accepted.sum() + spec.iterations.sum()) / spec.iterations.sum()
-        ),
-        "predicted_tokens_per_iteration": theory.expected_tokens(min(alpha, 1.0), args.gamma)
-        if alpha is not None
-        else None,
-        "tokens_per_s": float(spec.lengths.sum() / spec.total_s),
-        "baseline_tokens_per_s": float(base.lengths.sum() / base.total_s),
-        "identical_to_baseline": bool((spec.tokens == base.tokens).all())
-        if config.greedy
-        else None,
-        "draft_s": spec.draft_s,
-        "target_s": spec.target_s,
-        "overhead_s": spec.overhead_s,
-    }
-    print("speculative decoding demo (stub table models, target with dense work layers)")
-    for key, value in summary.items():
-        print(f"  {key:32s} {value:.4f}" if isinstance(value, float) else f"  {key:32s} {value}")
-    if args.summary_json:
-        with open(args.summary_json, "w") as f:
-            json.dump(summary, f, indent=2)
-    return 0
-
-
-def _ranged(kind, name: str, *, low=None, high=None, low_open=False):
-    """An argparse type that checks ``low <= x <= high`` (``low < x`` when low_open)."""
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            message = f"{name} must be {kind.__name__}, got {text!r}"
-            raise argparse.ArgumentTypeError(message) from None
-        if low is not None and (value <= low if low_open else value < low):
-            raise argparse.ArgumentTypeError(
-                f"{name} must be {'>' if low_open else '>='} {low}, got {text}"
-            )
-        if high is not None and value > high:
-            raise argparse.ArgumentTypeError(f"{name} must be <= {high}, got {text}")
-        return value
-
-    return parse
-
-
 def _gamma(text: str) -> int | str:
     """``--gamma``: ``auto`` or an integer >= 1."""
     if text == "auto":
@@ -226,7 +130,7 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
     add("--top-p", type=_ranged(float, "--top-p", low=0.0, high=1.0, low_open=True), default=1.0)
     add("--seed", type=int, default=0, help="job seed (with the record id it fixes every draw)")
     add("--batch-size", type=_ranged(int, "--batch-size", low=1), default=1)
-    add("--workers", choices=("ray", "inprocess"), default="ray")
+    add("--workers", choices=ENGINE_KINDS, default="ray")
     add("--compare-baseline", action="store_true", help="also decode with the target alone")
     add("--summary-json", default=None, help="write the summary here")
     add(
@@ -277,15 +181,23 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
 def _job(kind_name: str, args: argparse.Namespace) -> int:
     enable_compile_cache()  # before JAX is imported here or in the job's Ray workers
     from pipelines import job_report, translate
+    from workers.engine import EngineConfig
 
+    engine = EngineConfig(
+        kind=args.workers,
+        draft_placement=args.draft_placement,
+        transport=args.transport,
+        ray_address=args.ray_address,
+        gamma=args.gamma,
+        gamma_max=args.gamma_max,
+    )
     job = translate.make_job(
         translate.KINDS[kind_name],
         input=args.input,
         output=args.output,
         target=args.target,
         draft=args.draft,
-        gamma=args.gamma,
-        gamma_max=args.gamma_max,
+        engine=engine,
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
@@ -293,15 +205,11 @@ def _job(kind_name: str, args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens,
         max_input_tokens=args.max_input_tokens,
-        workers=args.workers,
         compare_baseline=args.compare_baseline,
         dead_letter=args.dead_letter,
         vocab=args.vocab,
         allow_random_init=args.allow_random_init,
         limit=args.limit,
-        ray_address=args.ray_address,
-        draft_placement=args.draft_placement,
-        transport=args.transport,
         tracking_uri=args.tracking_uri,
         summary_json=args.summary_json,
         beam_args=tuple(args.beam_args),
@@ -330,108 +238,28 @@ def job_exit_code(summary: dict) -> int:
     return EXIT_DEAD_LETTERS
 
 
-def _log_run(args: argparse.Namespace) -> int:
-    """``specdec log-run``: the MLflow run of a job that ran without one."""
-    from pipelines import job_report, tracking
-
-    job_report.read_saved_run(args.summary_json)  # a bad summary: EXIT_CANNOT_START in main
-    try:
-        run_id = job_report.log_saved_run(args.summary_json, tracking_uri=args.tracking_uri)
-    except Exception as error:  # MLflow still unavailable
-        print(f"specdec: error: {tracking.describe_error(error)}", file=sys.stderr)
-        return EXIT_FAILED
-    print(run_id)
-    print(f"logged MLflow run {run_id}; {args.summary_json} updated", file=sys.stderr)
-    return EXIT_OK
-
-
 def _exit_codes_epilog() -> str:
     return "Exit status: " + "; ".join(f"{code} {text}" for code, text in EXIT_CODES.items())
 
 
-def ui_command(tracking_uri: str, port: int) -> list[str]:
-    """``mlflow ui`` on 127.0.0.1 over ``tracking_uri`` (the venv's mlflow when present).
-
-    One server process: with mlflow's default of 4, uvicorn's supervisor kills the
-    workers that miss its health check on a loaded small machine, and nothing answers.
-    """
-    local = pathlib.Path(sys.executable).parent / "mlflow"
-    executable = str(local) if local.exists() else "mlflow"
-    return [executable, "ui", "--backend-store-uri", tracking_uri, "--host", "127.0.0.1",
-            "--port", str(port), "--workers", "1"]  # fmt: skip
-
-
-def _ui(args: argparse.Namespace) -> int:
-    """Prints the URL, then becomes ``mlflow ui`` (it starts in ~10 s; Ctrl-C stops it)."""
-    from pipelines import tracking
-
-    uri = args.tracking_uri or tracking.default_tracking_uri()
-    command = ui_command(uri, args.port)
-    print(f"MLflow UI for {uri}: http://127.0.0.1:{args.port}  (Ctrl-C stops it)", flush=True)
-    if args.dry_run:
-        print(" ".join(command))
-        return 0
-    os.execvp(command[0], command)  # the server replaces this process: signals reach it
-
-
-PREPARE_CORPORA = ("ding", "debian", "summaries")
-PREPARE_USAGE = """usage: specdec prepare [--corpus {ding,debian,summaries}] ARGS...
-
-  --corpus ding    (default) the Ding dictionary splits: python -m pipelines.data.ding ARGS
-  --corpus debian  the Debian En-De corpus (DDTP descriptions, gettext catalogs,
-                   LibreOffice help, Firefox/Thunderbird language packs, plus the Ding
-                   splits): python -m pipelines.data.debian.build ARGS; fetches the named
-                   packages with apt-get download into runs/debian_cache (no install)
-                   and writes assets/data/debian/<source>/{train,validation,test}.tsv.xz,
-                   counts.json and LICENSE.md
-  --corpus summaries  Debian package long description -> synopsis (Translation-en
-                   and the Packages file, cached in runs/debian_cache/ddtp):
-                   python -m pipelines.data.summaries ARGS; writes
-                   assets/data/summaries/{train,validation,test}.tsv.xz, counts.json
-                   and LICENSE.md
-
-`specdec prepare --corpus debian --help` (or summaries) shows that corpus's ARGS.
-"""
-
-
-def _prepare(args: argparse.Namespace) -> int:
-    """``specdec prepare [--corpus ding|debian|summaries] ARGS``: the chosen corpus's builder."""
-    chooser = argparse.ArgumentParser(prog="specdec prepare", add_help=False)
-    chooser.add_argument("--corpus", choices=PREPARE_CORPORA, default=None)
-    try:
-        known, rest = chooser.parse_known_args(args.passthrough_args)
-    except SystemExit as exit_:  # a bad --corpus value: argparse has printed why
-        return int(exit_.code or 0)
-    if known.corpus is None and rest[:1] in (["-h"], ["--help"]):
-        print(PREPARE_USAGE)
-    try:
-        if known.corpus == "debian":
-            from pipelines.data.debian import build
-
-            build.main(rest)
-        elif known.corpus == "summaries":
-            from pipelines.data import summaries
-
-            summaries.main(rest)
-        else:
-            from pipelines.data import ding
-
-            ding.main(rest)
-    except SystemExit as exit_:  # its own argparse (--help, bad flags)
-        return int(exit_.code or 0)
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from pipelines import kd_data, study, translate, vocab
+    from pipelines import demo, kd_data, log_run, prepare, study, translate, ui, vocab
     from pipelines.train import cli as train_cli
 
-    # Tools with add_arguments(parser) + run(args) (each also runs as python -m MODULE).
-    tools = (
-        ("train", train_cli, "train a model config, resumably (pipelines.train)"),
-        ("vocab", vocab, "train the SentencePiece vocabulary (pipelines.vocab)"),
-        ("kd-data", kd_data, "the teacher's translations as distillation data (pipelines.kd_data)"),
-    )
+    # Every other subcommand: (name, help, its module with add_arguments(parser), run(args)).
+    subcommands = (
+        ("log-run", "log the MLflow run of a job that ran while MLflow was unavailable",
+         log_run, log_run.run),
+        ("ui", "MLflow UI on 127.0.0.1 over the jobs' store", ui, ui.run),
+        ("prepare", "write the Ding En-De splits, or a Debian corpus (--corpus)",
+         prepare, prepare.run),
+        ("train", "train a model config, resumably", train_cli, train_cli.run),
+        ("vocab", "train the SentencePiece vocabulary", vocab, vocab.run),
+        ("kd-data", "the teacher's translations as distillation data", kd_data, kd_data.run),
+        ("demo", "speculative vs target-only decoding on stub models", demo, demo.run),
+        ("study", "acceptance-rate study over a grid (Table 3)",
+         study, study.command),  # study.run is the study job itself
+    )  # fmt: skip
 
     parser = argparse.ArgumentParser(prog="specdec", description="Speculative decoding jobs.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -446,51 +274,11 @@ def build_parser() -> argparse.ArgumentParser:
             "in <output>.parts/). " + _exit_codes_epilog() + ".",
         )
         _add_job_arguments(job, kind)
-    log_run = sub.add_parser(
-        "log-run",
-        help="log the MLflow run of a job that ran while MLflow was unavailable",
-        description="Logs params, metrics and artifacts from a job's summary JSON (written "
-        "with mlflow_run_id null and mlflow_pending when MLflow was unavailable) and its "
-        "output, prints the new run id and writes it into the summary.",
-    )
-    log_run.add_argument("--summary-json", required=True, help="the job's summary JSON")
-    log_run.add_argument(
-        "--tracking-uri", default=None, help="MLflow store (default: the one the job tried)"
-    )
-    log_run.set_defaults(func=_log_run)
-    ui = sub.add_parser("ui", help="MLflow UI on 127.0.0.1 over the jobs' store")
-    ui.add_argument("--tracking-uri", default=None, help="default: the jobs' default store")
-    ui.add_argument("--port", type=_ranged(int, "--port", low=1, high=65535), default=5000)
-    ui.add_argument("--dry-run", action="store_true", help="print the command, do not start it")
-    ui.set_defaults(func=_ui)
-    prepare = sub.add_parser(
-        "prepare",
-        help="write the Ding En-De splits, or with --corpus debian|summaries a Debian corpus",
-    )
-    prepare.add_argument(
-        "passthrough_args",
-        nargs=argparse.REMAINDER,
-        help="[--corpus ding|debian|summaries] and that builder's arguments",
-    )
-    prepare.set_defaults(func=_prepare)
-    for name, module, help_text in tools:
-        tool = sub.add_parser(name, help=help_text, description=module.__doc__.split("\n\n")[0])
-        module.add_arguments(tool)
-        tool.set_defaults(func=module.run)
-    demo = sub.add_parser("demo", help="speculative vs target-only decoding on stub models")
-    demo.add_argument("--gamma", type=int, default=4)
-    demo.add_argument("--temperature", type=float, default=0.0)
-    demo.add_argument("--top-k", type=int, default=0)
-    demo.add_argument("--top-p", type=float, default=1.0)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--batch-size", type=int, default=1)
-    demo.add_argument("--max-new-tokens", type=int, default=64)
-    demo.add_argument("--target-layers", type=int, default=12)
-    demo.add_argument("--summary-json", default=None)
-    demo.set_defaults(func=_demo)
-    study_parser = sub.add_parser("study", help="acceptance-rate study over a grid (Table 3)")
-    study.add_arguments(study_parser)
-    study_parser.set_defaults(func=study.command)
+    for name, help_text, module, run in subcommands:
+        description = module.__doc__.split("\n\n")[0].replace("``", "")
+        subparser = sub.add_parser(name, help=help_text, description=description)
+        module.add_arguments(subparser)
+        subparser.set_defaults(func=run)
     return parser
 
 

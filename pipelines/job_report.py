@@ -20,7 +20,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pipelines import record_io
+from pipelines import part_files, record_io
 from workers.batching import DecodeSettings
 
 if TYPE_CHECKING:
@@ -185,15 +185,15 @@ def job_params(job: JobConfig) -> dict[str, Any]:
     """MLflow params: models, checkpoints, γ, sampling, batch, dataset, seed, commit."""
     from pipelines import tracking
 
-    sampling = job.settings.sampling
+    sampling, engine = job.settings.sampling, job.engine
     params: dict[str, Any] = {
         "job": job.kind.name,
         "dataset": job.input,
-        "workers": job.workers,
-        "draft_placement": job.draft_placement if job.workers == "ray" else None,
-        "transport": job.transport if job.workers == "ray" else None,
-        "gamma": "auto" if job.adaptive_gamma else job.settings.gamma,
-        "gamma_max": job.settings.gamma if job.adaptive_gamma else None,
+        "workers": engine.kind,
+        "draft_placement": engine.draft_placement if engine.kind == "ray" else None,
+        "transport": engine.transport if engine.kind == "ray" else None,
+        "gamma": "auto" if engine.adaptive else job.settings.gamma,
+        "gamma_max": job.settings.gamma if engine.adaptive else None,
         "temperature": sampling.temperature,
         "top_k": sampling.top_k,
         "top_p": sampling.top_p,
@@ -341,7 +341,7 @@ def saved_run(job: JobConfig) -> dict[str, Any]:
         "experiment": job.kind.name,
         "run_name": run_name(job),
         "params": job_params(job),
-        "tags": {"workers": job.workers},
+        "tags": {"workers": job.engine.kind},
         "job_config": resolved_config(job),
         "model_configs": [
             m.source for m in (job.target, job.draft) if not m.source.startswith("preset:")
@@ -414,7 +414,7 @@ def log_saved_run(summary_json: str, tracking_uri: str | None = None) -> str:
             model_configs=saved["model_configs"],
             gamma=saved["gamma"],
         )
-    record_io.write_atomic(summary_json, json.dumps(logged, indent=2) + "\n")
+    part_files.write_atomic(summary_json, json.dumps(logged, indent=2) + "\n")
     return run.info.run_id
 
 
@@ -437,9 +437,9 @@ def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
         ("models", f"target {job.target.spec.name}, draft {job.draft.spec.name}"),
         (
             "decoding",
-            f"γ={f'auto (0..{job.settings.gamma})' if job.adaptive_gamma else job.settings.gamma}"
+            f"γ={f'auto (0..{job.settings.gamma})' if job.engine.adaptive else job.settings.gamma}"
             f" T={sampling.temperature} top-k={sampling.top_k} "
-            f"top-p={sampling.top_p} batch={job.settings.batch_size} workers={job.workers}",
+            f"top-p={sampling.top_p} batch={job.settings.batch_size} workers={job.engine.kind}",
         ),
         (
             "records in / out / failed",

@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from workers.spec import ModelSpec
+from workers.spec import ModelSpec, check_shared_vocabulary
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs" / "models"
@@ -266,18 +266,18 @@ def check_pair(target: ResolvedModel, draft: ResolvedModel, *, vocab_size: int) 
                 f"--{role}: {model.spec.name!r} has vocab_size {model.spec.config.vocab_size} "
                 f"but the SentencePiece model has {vocab_size} pieces"
             )
-    if target.spec.config.vocab_size != draft.spec.config.vocab_size:
-        raise ModelResolutionError(
-            f"draft {draft.spec.name!r} has vocab_size {draft.spec.config.vocab_size} but "
-            f"target {target.spec.name!r} has {target.spec.config.vocab_size}: they must share "
-            "a vocabulary"
-            + (
-                f" (give copy:vocab_size={target.spec.config.vocab_size})"
-                if families.get(draft.spec.family).weights == "backoff"
-                and draft.spec.config.backoff is None
-                else ""
-            )
+    target_vocab = target.spec.config.vocab_size
+    try:
+        check_shared_vocabulary(
+            target.spec.name, target_vocab, draft.spec.name, draft.spec.config.vocab_size
         )
+    except ValueError as error:
+        copy_only = (
+            families.get(draft.spec.family).weights == "backoff"
+            and draft.spec.config.backoff is None
+        )
+        hint = f" (give copy:vocab_size={target_vocab})" if copy_only else ""
+        raise ModelResolutionError(f"{error}{hint}") from None
 
 
 # ------------------------------------------------------------------ models named in YAML files

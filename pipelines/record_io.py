@@ -26,7 +26,7 @@ temporary file in ``<output>.parts/`` and renames it to ``part-<uuid>.jsonl`` (a
 rename is atomic, so a part is either whole or absent; a killed job leaves at most a
 ``.tmp`` file, which is ignored). A rerun skips every id found in a part, and the
 final output and dead-letter files are assembled from the parts at the end, each
-written to a temporary file and renamed into place (:func:`assemble`).
+written to a temporary file and renamed into place (:mod:`pipelines.part_files`).
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ import collections
 import dataclasses
 import json
 import pathlib
-import uuid
 from collections.abc import Iterable, Iterator, Sequence
+
+from pipelines.text import strip_task_prefix
 
 EMPTY = "empty"  # nothing but whitespace
 INVALID_UTF8 = "invalid_utf8"  # the line's bytes are not UTF-8
@@ -47,7 +48,6 @@ REASONS = (EMPTY, INVALID_UTF8, BAD_RECORD, TOO_LONG, ENGINE_ERROR)
 
 BOM = b"\xef\xbb\xbf"  # UTF-8 byte-order mark, dropped at the start of a file
 SEQIO_SCHEME = "seqio:"
-TASK_PREFIXES = ("translate English to German: ", "summarize: ")  # stripped from seqio inputs
 
 
 class InputError(ValueError):
@@ -273,14 +273,6 @@ def parse_seqio_spec(spec: str) -> tuple[str, str]:
     return parts[1], parts[2]
 
 
-def strip_task_prefix(text: str) -> str:
-    """``translate English to German: X`` -> ``X`` (likewise ``summarize: X``)."""
-    for prefix in TASK_PREFIXES:
-        if text.startswith(prefix):
-            return text[len(prefix) :]
-    return text
-
-
 def read_seqio(spec: str) -> Iterator[Record | DeadLetter]:
     """Examples of a seqio task split, keyed by 1-based example number.
 
@@ -398,123 +390,3 @@ def read_jsonl(path: str) -> list[dict]:
 def default_dead_letter_path(output: str) -> str:
     """``<output>.dead.jsonl`` beside the output."""
     return f"{output}.dead.jsonl"
-
-
-# ------------------------------------------------------------------------ parts (resume)
-
-PART_PREFIX, PART_SUFFIX, TMP_SUFFIX = "part-", ".jsonl", ".tmp"
-MANIFEST = "job.json"  # the settings of the job the parts belong to
-OUTPUT_KIND, DEAD_KIND = "output", "dead"  # the two kinds of part entries
-
-
-def parts_dir(output: str) -> str:
-    """``<output>.parts``: the finished records of a running (or killed) job."""
-    return f"{output}.parts"
-
-
-def _join(folder: str, name: str) -> str:
-    return f"{folder.rstrip('/')}/{name}"
-
-
-def write_atomic(path: str, text: str) -> None:
-    """Writes ``text`` to a temporary file beside ``path``, then renames it to ``path``:
-    a reader (or a rerun after a kill) sees the whole file or none of it."""
-    from apache_beam.io.filesystems import CompressionTypes, FileSystems
-
-    tmp = f"{path}.{uuid.uuid4().hex[:12]}{TMP_SUFFIX}"
-    with FileSystems.create(tmp, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-        handle.write(text.encode("utf-8"))
-        if hasattr(handle, "fileno"):  # a local file: on disk before the rename
-            import os
-
-            handle.flush()
-            os.fsync(handle.fileno())
-    FileSystems.rename([tmp], [path])
-
-
-def start_parts(folder: str, settings: dict) -> None:
-    """Starts a parts folder (its manifest holds ``settings``), or checks that the one
-    there was started by a job with the same ``settings`` (else ResumeError)."""
-    from apache_beam.io.filesystems import FileSystems
-
-    settings = json.loads(json.dumps(settings, sort_keys=True, default=str))
-    path = _join(folder, MANIFEST)
-    if not FileSystems.exists(path):
-        write_atomic(path, json.dumps(settings, indent=2, sort_keys=True) + "\n")
-        return
-    try:
-        with FileSystems.open(path) as handle:
-            saved = json.loads(handle.read().decode("utf-8"))
-    except ValueError as error:
-        raise ResumeError(f"{path} is not a parts manifest ({error}); delete {folder}") from None
-    differ = sorted(k for k in saved.keys() | settings.keys() if saved.get(k) != settings.get(k))
-    if differ:
-        raise ResumeError(
-            f"{folder} holds the records of an unfinished job with other settings "
-            f"({', '.join(differ)} differ): rerun it with the same settings to resume it, "
-            "or delete the folder to start afresh"
-        )
-
-
-def write_part(folder: str, items: Sequence[tuple[str, dict]]) -> str:
-    """One part file of ``(kind, row)`` items (kind OUTPUT_KIND or DEAD_KIND), written
-    atomically; returns its path."""
-    lines = "".join(
-        json.dumps({"kind": kind, "row": row}, ensure_ascii=False) + "\n" for kind, row in items
-    )
-    path = _join(folder, f"{PART_PREFIX}{uuid.uuid4().hex}{PART_SUFFIX}")
-    write_atomic(path, lines)
-    return path
-
-
-def read_parts(folder: str) -> tuple[list[dict], list[dict]]:
-    """(output rows, dead letters) of every finished part in ``folder`` (none if absent).
-
-    An id found twice (a bundle that a distributed runner retried after its part was
-    written) is kept once; temporary files of a killed job are ignored.
-    """
-    from apache_beam.io.filesystems import FileSystems
-
-    if not FileSystems.exists(folder):
-        return [], []
-    pattern = _join(folder, f"{PART_PREFIX}*{PART_SUFFIX}")
-    paths = sorted(m.path for r in FileSystems.match([pattern]) for m in r.metadata_list)
-    rows: list[dict] = []
-    dead: list[dict] = []
-    seen: set[str] = set()
-    for path in paths:
-        try:
-            entries = read_jsonl(path)
-        except ValueError as error:
-            raise ResumeError(f"corrupt part {path} ({error}); delete {folder}") from None
-        for entry in entries:
-            kind, row = entry.get("kind"), entry.get("row")
-            if kind not in (OUTPUT_KIND, DEAD_KIND) or not isinstance(row, dict) or "id" not in row:
-                raise ResumeError(f"corrupt part {path}: {str(entry)[:200]}; delete {folder}")
-            if row["id"] not in seen:
-                seen.add(row["id"])
-                (rows if kind == OUTPUT_KIND else dead).append(row)
-    return rows, dead
-
-
-def assemble(
-    output: str, dead_letter: str, rows: Sequence[dict], dead: Sequence[dict], order: Sequence[str]
-) -> None:
-    """Writes the final output and dead-letter JSONL (rows in input ``order``), each
-    atomically."""
-    position = {record_id: i for i, record_id in enumerate(order)}
-
-    def key(row: dict) -> int:
-        return position.get(row["id"], len(position))
-
-    for path, items in ((output, rows), (dead_letter, dead)):
-        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in sorted(items, key=key))
-        write_atomic(path, text)
-
-
-def remove_parts(folder: str) -> None:
-    """Deletes a finished job's parts folder."""
-    from apache_beam.io.filesystems import FileSystems
-
-    if FileSystems.exists(folder):
-        FileSystems.delete([folder])

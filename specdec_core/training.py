@@ -336,7 +336,7 @@ def t5_greedy_decode(
     encoder_input_tokens: jax.Array,
     *,
     max_decode_len: int,
-    eos_id: int = 1,
+    eos_id: int = t5.EOS_ID,
 ) -> jax.Array:
     """Greedy T5 outputs: encoder_input_tokens int32[B, S] -> int32[B, max_decode_len].
 
@@ -365,7 +365,9 @@ def t5_greedy_decode(
     return jax.lax.while_loop(keep_going, body, carry)[2]
 
 
-def t5_greedy_decoder(config: t5.T5Config, *, max_decode_len: int, eos_id: int = 1) -> Callable:
+def t5_greedy_decoder(
+    config: t5.T5Config, *, max_decode_len: int, eos_id: int = t5.EOS_ID
+) -> Callable:
     """Jitted ``(params, encoder_input_tokens [B, S]) -> tokens [B, max_decode_len]``."""
     return jax.jit(
         functools.partial(t5_greedy_decode, config, max_decode_len=max_decode_len, eos_id=eos_id)

@@ -27,6 +27,7 @@ from workers.channel import (
     ChannelServer,
     new_secret,
 )
+from workers.engine import EngineConfig
 
 SECRET = new_secret()
 METHODS = ("score", "big", "fail", "ok", "m")
@@ -586,8 +587,7 @@ def test_a_ray_job_completes_identically_while_its_workers_ports_are_attacked(ra
         ModelSpec(name="target", family="t5", config=CONFIG, init_seed=0),
         ModelSpec(name="draft", family="t5", config=CONFIG, init_seed=1),
         settings,
-        draft_placement="worker",
-        transport="socket",
+        config=EngineConfig(kind="ray", draft_placement="worker", transport="socket"),
     )
     markers = [tmp_path / "pwned-target", tmp_path / "pwned-draft"]
     stop = threading.Event()

@@ -1,11 +1,13 @@
-"""The tool subcommands ``specdec train``, ``specdec vocab`` and ``specdec kd-data``:
-each has ``add_arguments`` + ``run``, answers ``--help``, and rejects bad flags with
-exit status 2 and a line that names the flag, before doing any work; the ``python -m``
-forms take the same flags. The Makefile calls the ``specdec`` forms."""
+"""One CLI style: every ``specdec`` subcommand but the jobs (translate, summarize) is a
+module's ``add_arguments`` + ``run``. The tools ``specdec train``, ``specdec vocab`` and
+``specdec kd-data`` answer ``--help`` and reject bad flags with exit status 2 and a line
+that names the flag, before doing any work; the ``python -m`` forms take the same
+flags. The Makefile calls the ``specdec`` forms."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import pathlib
 import subprocess
 import sys
@@ -35,12 +37,16 @@ def test_help_lists_the_tool_flags(name, flags, capsys):
         assert flag in out
 
 
-def test_every_tool_is_add_arguments_plus_run():
+def test_every_subcommand_is_a_modules_add_arguments_plus_run():
+    from pipelines import demo, log_run, prepare, study, ui
+
     parser = cli.build_parser()
     subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    for name, module in TOOLS.items():
+    modules = {**TOOLS, "log-run": log_run, "ui": ui, "prepare": prepare, "demo": demo}
+    assert set(subcommands.choices) == {*modules, "study", "translate", "summarize"}
+    for name, module in {**modules, "study": study}.items():
         sub = subcommands.choices[name]
-        assert sub.get_default("func") is module.run
+        assert sub.get_default("func") is (study.command if name == "study" else module.run)
         own = argparse.ArgumentParser(prog=f"specdec {name}")
         module.add_arguments(own)
         assert {a.dest for a in own._actions} == {a.dest for a in sub._actions}
@@ -57,6 +63,10 @@ def test_every_tool_is_add_arguments_plus_run():
         (["vocab", "--vocab-size", "-8"], "--vocab-size must be >= 1, got -8"),
         (["kd-data", "--output", "o"], "the following arguments are required: --teacher-config"),
         (["kd-data", "--teacher-config", "t.yaml", "--output", "o", "--inputs", "x"], "--inputs"),
+        (["demo", "--gamma", "0"], "--gamma must be >= 1, got 0"),
+        (["demo", "--top-p", "0"], "--top-p must be > 0.0, got 0"),
+        (["ui", "--port", "70000"], "--port must be <= 65535, got 70000"),
+        (["log-run"], "the following arguments are required: --summary-json"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(argv, message, capsys):
@@ -121,3 +131,16 @@ def test_the_makefile_calls_the_specdec_forms():
     assert "$(BIN)/specdec train --config configs/models/ende_target.yaml --resume" in makefile
     assert "$(BIN)/specdec vocab --corpus debian" in makefile
     assert "$(BIN)/specdec kd-data" in makefile
+
+
+@pytest.mark.slow  # compiles both decoding loops
+def test_demo_runs_both_ways_and_greedy_output_is_the_targets(tmp_path, capsys):
+    summary_path = tmp_path / "demo.json"
+    argv = ["demo", "--gamma", "3", "--batch-size", "2", "--max-new-tokens", "12"]
+    assert cli.main([*argv, "--target-layers", "1", "--summary-json", str(summary_path)]) == 0
+    summary = json.loads(summary_path.read_text())
+    assert summary["identical_to_baseline"] is True  # greedy: token for token the target's
+    assert 0.0 <= summary["alpha"] <= 1.0
+    assert 1.0 <= summary["mean_accepted_length"] <= 3 + 1
+    assert summary["tokens_per_s"] > 0 and summary["baseline_tokens_per_s"] > 0
+    assert "identical_to_baseline" in capsys.readouterr().out

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from pipelines import cli, record_io, translate
+from pipelines import cli, part_files, record_io, translate
 from pipelines.cli import main
 from tests.test_translate_job import DRAFT_NOISE, SENTENCES, _write_model, job_args
 
@@ -137,7 +137,7 @@ def test_a_pipeline_failure_exits_1_and_keeps_the_finished_records(
     workdir, models, capsys, monkeypatch
 ):
     def broken(records, *, job, handler, parts=None):
-        record_io.start_parts(parts, translate.resume_settings(job))
+        part_files.start_parts(parts, translate.resume_settings(job))
         raise RuntimeError("disk on fire")  # the fault: the pipeline raises
 
     monkeypatch.setattr(translate, "run_pipeline", broken)

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipelines import cli, record_io, translate
+from pipelines import cli, part_files, record_io, translate
 from pipelines.cli import main
 from tests.test_translate_job import DRAFT_NOISE, SENTENCES, _write_model, job_args
 
@@ -116,7 +116,7 @@ def _check(folder: pathlib.Path, suffix: str, data: bytes) -> None:
     assert records == items
     # Route them as the job does: rows and dead letters into parts, then assembled.
     parts = folder / "out.jsonl.parts"
-    record_io.start_parts(str(parts), {"job": "fuzz"})
+    part_files.start_parts(str(parts), {"job": "fuzz"})
     entries = [
         ("output", {"id": r.id, "source": r.source, "reference": r.reference})
         if isinstance(r, record_io.Record)
@@ -124,10 +124,10 @@ def _check(folder: pathlib.Path, suffix: str, data: bytes) -> None:
         for r in records
     ]
     for start in range(0, len(entries), 3):
-        record_io.write_part(str(parts), entries[start : start + 3])
+        part_files.write_part(str(parts), entries[start : start + 3])
     output, dead = folder / "out.jsonl", folder / "out.jsonl.dead.jsonl"
-    record_io.assemble(str(output), str(dead), *record_io.read_parts(str(parts)), order=ids)
-    record_io.remove_parts(str(parts))
+    part_files.assemble(str(output), str(dead), *part_files.read_parts(str(parts)), order=ids)
+    part_files.remove_parts(str(parts))
     rows, letters = record_io.read_jsonl(str(output)), record_io.read_jsonl(str(dead))
     record_io.check_partition(ids, [r["id"] for r in rows], [d["id"] for d in letters])
     by_id = {r.id: r for r in records}

@@ -19,7 +19,7 @@ import time
 import numpy as np
 import pytest
 
-from pipelines import cli, record_io
+from pipelines import cli, part_files, record_io
 from pipelines.cli import main
 from tests.test_translate_job import DRAFT_NOISE, SENTENCES, _write_model, job_args
 
@@ -81,7 +81,7 @@ def _parts(folder) -> list[str]:
     return sorted(
         n
         for n in names
-        if n.startswith(record_io.PART_PREFIX) and n.endswith(record_io.PART_SUFFIX)
+        if n.startswith(part_files.PART_PREFIX) and n.endswith(part_files.PART_SUFFIX)
     )
 
 
@@ -105,7 +105,7 @@ def test_a_job_killed_at_a_random_point_resumes_without_loss_or_repeat(workdir, 
     after_parts, delay = rng.randint(1, N // 6), rng.uniform(0.0, 0.02)
     print(f"resume test: seed {seed}: kill after part {after_parts} + {delay:.3f} s")
     output = workdir / "killed.jsonl"
-    parts = record_io.parts_dir(str(output))
+    parts = part_files.parts_dir(str(output))
     args = _args(workdir, models, output)
 
     job = _start(args, workdir, "killed")
@@ -119,15 +119,15 @@ def test_a_job_killed_at_a_random_point_resumes_without_loss_or_repeat(workdir, 
     assert job.wait() == -signal.SIGKILL
     assert not output.exists()  # the output is assembled only when every record is done
 
-    rows, dead = record_io.read_parts(parts)  # raises on a half-written part
+    rows, dead = part_files.read_parts(parts)  # raises on a half-written part
     done = {r["id"]: r for r in rows}
     assert dead == [] and after_parts <= len(done) < N
-    half = [n for n in os.listdir(parts) if n.endswith(record_io.TMP_SUFFIX)]  # ignored on resume
+    half = [n for n in os.listdir(parts) if n.endswith(part_files.TMP_SUFFIX)]  # ignored on resume
     print(f"resume test: {len(done)} of {N} records were done at the kill; {len(half)} .tmp")
 
     # Other settings do not resume someone else's parts: exit 2, parts untouched.
     assert main([*args, "--seed", "8"]) == cli.EXIT_CANNOT_START
-    assert record_io.read_parts(parts)[0] == rows
+    assert part_files.read_parts(parts)[0] == rows
 
     rerun = _start(args, workdir, "rerun")
     assert rerun.wait(timeout=600) == 0, (workdir / "rerun.log").read_text()[-3000:]
@@ -164,26 +164,26 @@ def test_a_job_killed_at_a_random_point_resumes_without_loss_or_repeat(workdir, 
 
 def test_parts_are_whole_or_absent(tmp_path):
     folder = str(tmp_path / "out.jsonl.parts")
-    record_io.start_parts(folder, {"seed": 1})
-    record_io.write_part(folder, [("output", {"id": "1", "output": "a"}), ("dead", {"id": "2"})])
-    record_io.write_part(folder, [("output", {"id": "1", "output": "a"})])  # a retried bundle
+    part_files.start_parts(folder, {"seed": 1})
+    part_files.write_part(folder, [("output", {"id": "1", "output": "a"}), ("dead", {"id": "2"})])
+    part_files.write_part(folder, [("output", {"id": "1", "output": "a"})])  # a retried bundle
     # What a kill in the middle of a write leaves: a temporary file with a half line.
     (tmp_path / "out.jsonl.parts" / "part-x.jsonl.0123.tmp").write_text('{"kind": "outp')
-    rows, dead = record_io.read_parts(folder)
+    rows, dead = part_files.read_parts(folder)
     assert rows == [{"id": "1", "output": "a"}] and dead == [{"id": "2"}]
     with pytest.raises(record_io.ResumeError, match=r"other settings \(seed differ\)"):
-        record_io.start_parts(folder, {"seed": 2})
-    record_io.start_parts(folder, {"seed": 1})  # the same job: continues
-    record_io.assemble(
+        part_files.start_parts(folder, {"seed": 2})
+    part_files.start_parts(folder, {"seed": 1})  # the same job: continues
+    part_files.assemble(
         str(tmp_path / "out.jsonl"), str(tmp_path / "dead.jsonl"), rows, dead, ["2", "1"]
     )
     assert (tmp_path / "out.jsonl").read_text() == '{"id": "1", "output": "a"}\n'
-    assert not [p for p in os.listdir(tmp_path) if p.endswith(record_io.TMP_SUFFIX)]
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(part_files.TMP_SUFFIX)]
 
 
 def test_a_corrupt_part_is_named(tmp_path):
     folder = tmp_path / "o.parts"
-    record_io.start_parts(str(folder), {})
+    part_files.start_parts(str(folder), {})
     (folder / "part-bad.jsonl").write_text('{"kind": "output"}\n')
     with pytest.raises(record_io.ResumeError, match=r"corrupt part .*part-bad\.jsonl"):
-        record_io.read_parts(str(folder))
+        part_files.read_parts(str(folder))

@@ -50,9 +50,7 @@ def test_kd_folder_holds_the_teachers_translations_and_trains_a_student(trained_
     processor = spm.SentencePieceProcessor(
         model_file=str(configs.resolve(model_file.data.vocab_path))
     )
-    encoded = [
-        train.trim(x, 64) for x in processor.encode([kd_data.PREFIX + s for s in sentences])
-    ]
+    encoded = [train.trim(x, 64) for x in processor.encode([kd_data.PREFIX + s for s in sentences])]
     one_by_one = kd_data.decode_all(
         kd_data.teacher_model(model_file, None),
         encoded,

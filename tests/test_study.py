@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from pipelines import study
+from pipelines import study, text
 from pipelines.configs import ConfigError
 from specdec_core import sampling
 from specdec_core.models import ngram
@@ -282,10 +282,10 @@ def test_t5_prompts_are_the_whole_sentence_on_the_encoder_side():
     batch = study.pack_prompts(
         prompts, family="t5", dataset=dataset, batch_size=2, max_new_tokens=7
     )
-    encoded = [ord(c) for c in study.T5_PREFIX + "Hi."] + [study.T5_EOS_ID]
+    encoded = [ord(c) for c in text.TRANSLATE_PREFIX + "Hi."] + [text.EOS_ID]
     assert batch.encoder_tokens.shape == (2, 48)  # padded to a multiple of 16
     assert batch.encoder_tokens[0, : len(encoded)].tolist() == encoded
-    assert batch.prompt_tokens.tolist() == [[study.T5_START_ID]] * 2
+    assert batch.prompt_tokens.tolist() == [[text.DECODER_START_ID]] * 2
     assert batch.max_new.tolist() == [7, 0] and batch.real.tolist() == [True, False]
     decoder_batch = study.pack_prompts(
         prompts, family="decoder", dataset=dataset, batch_size=1, max_new_tokens=7

@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 import yaml
 
-from pipelines import job_report, record_io, translate
+from pipelines import inference, job_report, record_io, text, transforms, translate
 from pipelines.cli import main
 from pipelines.model_resolver import DEFAULT_VOCAB
 from workers.batching import DecodeSettings, Generation
+from workers.engine import EngineConfig
 
 SENTENCES = [
     ("She swept from the room.", "Sie rauschte aus dem Zimmer."),
@@ -160,11 +161,9 @@ def run_job(workdir, models, tracking_uri):
 
 
 def test_sentences_fit_one_length_bucket():
-    processor = translate.sentencepiece(str(DEFAULT_VOCAB))
-    lengths = [
-        len(translate.encode(processor, translate.TRANSLATE.prefix, en, 1)) for en, _ in SENTENCES
-    ]
-    assert max(lengths) <= translate.LENGTH_BUCKET and min(lengths) > 0
+    processor = text.sentencepiece(str(DEFAULT_VOCAB))
+    lengths = [len(text.encode(processor, translate.TRANSLATE.prefix, en)) for en, _ in SENTENCES]
+    assert max(lengths) <= text.LENGTH_BUCKET and min(lengths) > 0
 
 
 def test_greedy_job_writes_every_record_and_equals_the_baseline(run_job):
@@ -172,13 +171,13 @@ def test_greedy_job_writes_every_record_and_equals_the_baseline(run_job):
     assert job.code == 0
     assert job.dead == []
     assert sorted(job.rows, key=int) == [str(i) for i in range(1, 21)]
-    processor = translate.sentencepiece(str(DEFAULT_VOCAB))
+    processor = text.sentencepiece(str(DEFAULT_VOCAB))
     for number, (en, de) in enumerate(SENTENCES, start=1):
         row = job.rows[str(number)]
         assert ROW_KEYS <= set(row)
         assert (row["source"], row["reference"]) == (en, de)
         assert row["tokens"] == len(row["output_ids"]) <= MAX_NEW
-        assert row["output"] == translate.decode(processor, row["output_ids"], 1)
+        assert row["output"] == text.decode(processor, row["output_ids"], text.EOS_ID)
         assert row["matches_baseline"] and row["baseline_output"] == row["output"]
         assert row["drafted"] == GAMMA * row["iterations"]
     summary = job.summary
@@ -481,9 +480,9 @@ def test_prepare_forwards_to_the_ding_preparation(capsys, tmp_path):
 def test_default_runner_is_the_in_process_fn_api_runner():
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
-    runner, _ = translate.pipeline_options([])
+    runner, _ = transforms.pipeline_options([])
     assert isinstance(runner, FnApiRunner)
-    runner, options = translate.pipeline_options(["--runner=DirectRunner"])
+    runner, options = transforms.pipeline_options(["--runner=DirectRunner"])
     assert runner is None and options.get_all_options()["runner"] == "DirectRunner"
 
 
@@ -505,12 +504,13 @@ class _FakeEngine:
 
 
 def test_an_engine_error_costs_only_the_failing_record():
-    handler = translate.SpeculativeModelHandler(
-        target=None, draft=None, settings=_FakeEngine.settings, workers="inprocess",
-        ray_address=None, compare_baseline=True, job_id="test", warmup=False, progress=False,
+    handler = inference.SpeculativeModelHandler(
+        target=None, draft=None, settings=_FakeEngine.settings,
+        engine=EngineConfig(kind="inprocess"), compare_baseline=True, job_id="test",
+        warmup=False, progress=False,
     )  # fmt: skip
     items = [
-        translate.Tokenized(record=record_io.Record(id=i, source=i, line=n), encoder_tokens=(7, 1))
+        inference.Tokenized(record=record_io.Record(id=i, source=i, line=n), encoder_tokens=(7, 1))
         for n, i in enumerate(["ok1", "bad", "ok2"], start=1)
     ]
     results = handler.run_inference(items, _FakeEngine())

@@ -22,6 +22,7 @@ import urllib.request
 import pytest
 
 from pipelines import cli, study, tracking
+from pipelines.ui import ui_command
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SAMPLE = REPO_ROOT / "assets" / "samples" / "en_de_sample.tsv"
@@ -93,7 +94,7 @@ def ui(store, tmp_path_factory):
     port = _free_port()
     log = tmp_path_factory.mktemp("ui_log") / "mlflow_ui.log"
     with log.open("w") as out:
-        command = cli.ui_command(store["uri"], port)  # what `specdec ui` runs
+        command = ui_command(store["uri"], port)  # what `specdec ui` runs
         server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + RENDER_S

@@ -20,7 +20,7 @@ from specdec_core.sampling import SamplingConfig
 from workers import recovery
 from workers.batching import DecodeSettings, Request
 from workers.channel import ChannelClosed
-from workers.engine import InProcessEngine
+from workers.engine import EngineConfig, InProcessEngine
 from workers.spec import ModelSpec
 
 VOCAB = 512
@@ -85,10 +85,11 @@ def _same_generations(got, expected) -> None:
         assert [getattr(g, field) for g in got] == [getattr(g, field) for g in expected], field
 
 
-def _engine(temperature, **options):
+def _engine(temperature, *, draft_placement="coordinator", transport="socket", **options):
     from workers.coordinator import RayEngine
 
-    return RayEngine(TARGET, DRAFT, _settings(temperature), **options)
+    config = EngineConfig(kind="ray", draft_placement=draft_placement, transport=transport)
+    return RayEngine(TARGET, DRAFT, _settings(temperature), config=config, **options)
 
 
 @pytest.mark.slow

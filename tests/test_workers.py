@@ -8,7 +8,7 @@ import pytest
 from specdec_core.models import bound, registry
 from specdec_core.sampling import SamplingConfig
 from workers.batching import DecodeSettings, Request, pack
-from workers.engine import InProcessEngine
+from workers.engine import EngineConfig, InProcessEngine
 from workers.spec import ModelSpec
 
 VOCAB = 512  # large enough that one V-vector per row stands out from the framing
@@ -97,8 +97,7 @@ def test_ray_workers_equal_inprocess(ray_local, temperature, placement, transpor
         ModelSpec(name="target", family="t5", config=CONFIG, init_seed=0),
         ModelSpec(name="draft", family="t5", config=CONFIG, init_seed=1),
         settings,
-        draft_placement=placement,
-        transport=transport,
+        config=EngineConfig(kind="ray", draft_placement=placement, transport=transport),
     )
     assert engine.transport == transport  # the direct channel connected (no fallback)
     try:
@@ -143,14 +142,11 @@ def test_sparse_rows_round_trip_sends_only_the_support():
     assert restored[[1, 2]].sum() == 0
 
 
-def test_unknown_draft_placement_and_transport_are_named(ray_local):
-    from workers.coordinator import RayEngine
-
-    spec = ModelSpec(name="m", family="t5", config=CONFIG)
-    with pytest.raises(ValueError, match="draft_placement"):
-        RayEngine(spec, spec, DecodeSettings(), draft_placement="elsewhere")
+def test_unknown_draft_placement_and_transport_are_named():
+    with pytest.raises(ValueError, match="draft-placement"):
+        EngineConfig(draft_placement="elsewhere")
     with pytest.raises(ValueError, match="transport"):
-        RayEngine(spec, spec, DecodeSettings(), transport="pigeon")
+        EngineConfig(transport="pigeon")
 
 
 def test_killed_target_worker_is_a_clear_error_not_a_hang(ray_local):

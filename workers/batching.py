@@ -13,7 +13,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from specdec_core.models.t5 import EOS_ID
 from specdec_core.sampling import GREEDY, SamplingConfig
+
+LENGTH_BUCKET = 16  # prompt and encoder widths pad to multiples of this (few compiled shapes)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -23,7 +26,7 @@ class DecodeSettings:
     gamma: int = 4  # drafted tokens per iteration
     sampling: SamplingConfig = GREEDY
     seed: int = 0  # job seed; with the request key it fixes every random draw
-    eos_id: int | None = 1  # stop a row at this token (T5's EOS); None: never
+    eos_id: int | None = EOS_ID  # stop a row at this token; None: never
     max_new_tokens: int = 64
     batch_size: int = 1  # batches are padded to this many rows (one compilation)
 
@@ -75,14 +78,16 @@ class PackedBatch:
         return len(self.ids)
 
 
-def _bucket(n: int, multiple: int) -> int:
+def padded_length(n: int, multiple: int = LENGTH_BUCKET) -> int:
+    """``n`` rounded up to a multiple of ``multiple`` (at least one multiple)."""
     return max(multiple, -(-n // multiple) * multiple)
 
 
 def pack(requests: Sequence[Request], settings: DecodeSettings) -> PackedBatch:
     """Pads requests to ``settings.batch_size`` rows and bucketed lengths.
 
-    Lengths are rounded up to multiples of 16 so a job compiles a handful of shapes.
+    Lengths are rounded up to multiples of :data:`LENGTH_BUCKET` so a job compiles a
+    handful of shapes.
     """
     if not requests:
         raise ValueError("cannot pack an empty batch")
@@ -92,7 +97,7 @@ def pack(requests: Sequence[Request], settings: DecodeSettings) -> PackedBatch:
     encoder = [r.encoder_tokens for r in requests]
     if any(e is None for e in encoder) and not all(e is None for e in encoder):
         raise ValueError("a batch mixes requests with and without encoder tokens")
-    prompt_width = _bucket(max(len(r.prompt_tokens) for r in requests), 16)
+    prompt_width = padded_length(max(len(r.prompt_tokens) for r in requests))
     prompt_tokens = np.zeros((rows, prompt_width), np.int32)
     prompt_lengths = np.ones((rows,), np.int32)
     max_new = np.zeros((rows,), np.int32)
@@ -104,13 +109,13 @@ def pack(requests: Sequence[Request], settings: DecodeSettings) -> PackedBatch:
         max_new[i] = settings.max_new_tokens if r.max_new_tokens is None else r.max_new_tokens
     encoder_tokens = None
     if encoder[0] is not None:
-        width = _bucket(max(len(e) for e in encoder), 16)
+        width = padded_length(max(len(e) for e in encoder))
         encoder_tokens = np.zeros((rows, width), np.int32)
-        encoder_tokens[:, 0] = 1  # padding rows encode a lone EOS (an all-pad row is NaN-prone)
+        encoder_tokens[:, 0] = EOS_ID  # padding rows encode a lone EOS (all-pad is NaN-prone)
         for i, e in enumerate(encoder):
             encoder_tokens[i, : len(e)] = e
     keys = np.array([r.request_key for r in requests] + [0] * (rows - len(requests)), np.uint32)
-    max_len = _bucket(prompt_width + int(max_new.max()) + settings.gamma + 2, 32)
+    max_len = padded_length(prompt_width + int(max_new.max()) + settings.gamma + 2, 32)
     return PackedBatch(
         ids=[r.id for r in requests],
         encoder_tokens=encoder_tokens,

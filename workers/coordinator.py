@@ -11,7 +11,7 @@ or as Ray actor calls, where a draft actor gets the target's result as an Object
 Arguments and results cross as one blob per call (:mod:`workers.wire`); the
 coordinator counts every byte that crosses between processes.
 
-``RayEngine`` is what jobs use: it starts (or joins, with ``address``) a Ray
+``RayEngine`` is what jobs use: it starts (or joins, with ``EngineConfig.ray_address``) a Ray
 instance, places the two workers and a coordinator as actors, and exposes the
 engine interface of :mod:`workers.engine`.
 
@@ -39,13 +39,8 @@ from specdec_core import decoding
 from workers import recovery, wire
 from workers.batching import DecodeSettings, Generation, PackedBatch, Request, pack, unpack
 from workers.channel import ChannelClient, ChannelClosed, new_secret
-from workers.spec import (
-    DEFAULT_DRAFT_PLACEMENT,
-    DEFAULT_TRANSPORT,
-    DRAFT_PLACEMENTS,
-    TRANSPORTS,
-    ModelSpec,
-)
+from workers.engine import EngineConfig
+from workers.spec import DEFAULT_TRANSPORT, ModelSpec, check_shared_vocabulary
 
 
 class SpeculativeCoordinator(recovery.Restartable):
@@ -70,8 +65,6 @@ class SpeculativeCoordinator(recovery.Restartable):
     ):
         import ray
 
-        if transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         self._ray = ray
         self.target = target
         self.draft = draft
@@ -340,13 +333,16 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> No
 class RayEngine:
     """The engine interface with the target, the draft and the coordinator on Ray.
 
-    ``draft_placement``: ``"worker"`` puts the draft in its own actor (two calls per
-    iteration); ``"coordinator"`` hosts it in the coordinator's actor, placed with the
-    draft's resources (one call per iteration, to the target). Either way the draft
-    and the target are separate processes and give the same tokens.
-    ``transport``: ``"socket"`` sends the loop's per-iteration calls over a direct
-    channel to each remote worker (:mod:`workers.channel`; Ray if it cannot connect),
-    ``"ray"`` as Ray actor calls. Same tokens either way.
+    ``config`` (:class:`workers.engine.EngineConfig`, validated there) gives the Ray
+    address to join and: ``draft_placement``: ``"worker"`` puts the draft in its own
+    actor (two calls per iteration); ``"coordinator"`` hosts it in the coordinator's
+    actor, placed with the draft's resources (one call per iteration, to the target).
+    Either way the draft and the target are separate processes and give the same
+    tokens. ``transport``: ``"socket"`` sends the loop's per-iteration calls over a
+    direct channel to each remote worker (:mod:`workers.channel`; Ray if it cannot
+    connect), ``"ray"`` as Ray actor calls. Same tokens either way. Its γ fields are
+    the caller's: ``gamma_policy`` (:class:`workers.gamma.AdaptiveGamma`) chooses γ per
+    batch, ``settings.gamma`` being the largest.
     """
 
     def __init__(
@@ -355,9 +351,7 @@ class RayEngine:
         draft: ModelSpec,
         settings: DecodeSettings,
         *,
-        address: str | None = None,
-        draft_placement: str = DEFAULT_DRAFT_PLACEMENT,
-        transport: str = DEFAULT_TRANSPORT,
+        config: EngineConfig | None = None,
         gamma_policy=None,
         max_restarts: int = recovery.DEFAULT_MAX_RESTARTS,
         max_batch_failures: int = recovery.DEFAULT_MAX_BATCH_FAILURES,
@@ -366,22 +360,21 @@ class RayEngine:
 
         from workers.model_worker import ModelWorker
 
-        if draft_placement not in DRAFT_PLACEMENTS:
-            raise ValueError(
-                f"draft_placement must be one of {DRAFT_PLACEMENTS}, got {draft_placement!r}"
-            )
-        if transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
-        ensure_ray(address)
-        self._ray, self.settings = ray, settings
-        self.gamma_policy = gamma_policy  # workers.gamma.AdaptiveGamma: γ ≤ settings.gamma
-        self.draft_placement = draft_placement
+        config = config or EngineConfig()
+        draft_placement, transport = config.draft_placement, config.transport
+        check_shared_vocabulary(
+            target.name, target.config.vocab_size, draft.name, draft.config.vocab_size
+        )
         self.draft = self.coordinator = None
         if max_restarts < 0 or max_batch_failures < 0:
             raise ValueError(
                 f"max_restarts and max_batch_failures must be >= 0, got {max_restarts} "
                 f"and {max_batch_failures}"
             )
+        ensure_ray(config.ray_address)
+        self._ray, self.settings = ray, settings
+        self.gamma_policy = gamma_policy  # workers.gamma.AdaptiveGamma: γ ≤ settings.gamma
+        self.draft_placement = draft_placement
         # Ray restarts a dead actor (re-running __init__); the calls are retried here.
         restartable = {"max_restarts": max_restarts, "max_task_retries": 0}
         worker = ray.remote(**restartable)(ModelWorker)
@@ -415,12 +408,6 @@ class RayEngine:
         self._restarts = {"target": 0, "draft": 0, "coordinator": 0}
         self._seen = {"target": 0, "draft": 0}  # counted by the coordinator now running
         self.transport = infos[1]["transport"]  # "ray" if the channel could not connect
-        if infos[0]["vocab_size"] != infos[1]["vocab_size"]:
-            self.close()
-            raise ValueError(
-                f"draft {draft.name!r} has vocab_size {infos[1]['vocab_size']} but target "
-                f"{target.name!r} has {infos[0]['vocab_size']}: they must share a vocabulary"
-            )
 
     def generate(self, requests: Sequence[Request]) -> list[Generation]:
         batch = pack(requests, self.settings)

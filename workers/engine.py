@@ -1,5 +1,8 @@
 """Engines: what a job calls to decode a batch of requests.
 
+:class:`EngineConfig` says how a job's engine runs (in-process or on Ray, where the
+draft lives, how the loop's calls travel, the Ray cluster, fixed γ or ``auto``); it is
+validated once, when it is built, and :func:`build_engine` turns it into an engine.
 Two implementations of one interface (``generate`` speculative, ``generate_baseline``
 target alone, ``close``):
 
@@ -17,12 +20,125 @@ derives from (job seed, request key, tokens generated).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import pathlib
 import time
 from collections.abc import Sequence
 
 from specdec_core import decoding
 from specdec_core.models.bound import BoundModel
 from workers.batching import DecodeSettings, Generation, PackedBatch, Request, pack, unpack
+from workers.gamma import DEFAULT_GAMMA_MAX
+from workers.spec import (
+    DEFAULT_DRAFT_PLACEMENT,
+    DEFAULT_TRANSPORT,
+    DRAFT_PLACEMENTS,
+    ENGINE_KINDS,
+    TRANSPORTS,
+    ModelSpec,
+    check_shared_vocabulary,
+)
+
+AUTO = "auto"  # γ chosen per batch (workers.gamma.AdaptiveGamma)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """How a job's engine runs; every field is checked here, once, naming its flag.
+
+    ``gamma``: drafted tokens per iteration, or ``"auto"``: chosen per batch in
+    0..``gamma_max`` (default :data:`workers.gamma.DEFAULT_GAMMA_MAX`) from what the job
+    measures. ``draft_placement``, ``transport`` and ``ray_address`` matter to ``kind
+    "ray"`` only (:class:`workers.coordinator.RayEngine`).
+    """
+
+    kind: str = "ray"  # --workers: "ray" (Ray actors) | "inprocess"
+    draft_placement: str = DEFAULT_DRAFT_PLACEMENT  # --draft-placement: DRAFT_PLACEMENTS
+    transport: str = DEFAULT_TRANSPORT  # --transport: TRANSPORTS
+    ray_address: str | None = None  # --ray-address: join this cluster; None: a local one
+    gamma: int | str = AUTO  # --gamma: an integer >= 1 or "auto"
+    gamma_max: int | None = None  # --gamma-max: the largest γ "auto" tries
+
+    def __post_init__(self):
+        if self.kind not in ENGINE_KINDS:
+            raise ValueError(f"--workers must be ray or inprocess, got {self.kind!r}")
+        if self.draft_placement not in DRAFT_PLACEMENTS:
+            raise ValueError(
+                f"--draft-placement must be one of {DRAFT_PLACEMENTS}, got {self.draft_placement!r}"
+            )
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"--transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        if self.gamma == AUTO:
+            if self.gamma_max is None:
+                object.__setattr__(self, "gamma_max", DEFAULT_GAMMA_MAX)
+            elif not _is_int(self.gamma_max) or self.gamma_max < 1:
+                raise ValueError(f"--gamma-max must be >= 1, got {self.gamma_max!r}")
+        elif not _is_int(self.gamma) or self.gamma < 1:
+            raise ValueError(f"--gamma must be an integer >= 1 or 'auto', got {self.gamma!r}")
+        elif self.gamma_max is not None:
+            raise ValueError("--gamma-max is for --gamma auto only")
+
+    @property
+    def adaptive(self) -> bool:
+        """γ chosen per batch (``--gamma auto``)."""
+        return self.gamma == AUTO
+
+    @property
+    def max_gamma(self) -> int:
+        """The γ the job's DecodeSettings carry: the fixed γ, or the largest ``auto`` tries."""
+        return self.gamma_max if self.adaptive else self.gamma
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def build_engine(
+    config: EngineConfig,
+    *,
+    target: ModelSpec,
+    draft: ModelSpec,
+    settings: DecodeSettings,
+    warm_up: bool = True,
+):
+    """The engine ``config`` describes over two ModelSpecs. With ``gamma="auto"`` an
+    :class:`workers.gamma.AdaptiveGamma` chooses γ per batch in 0..``settings.gamma``
+    (``warm_up``: a shape's first batch is decoded once untimed before it is timed)."""
+    policy = None
+    if config.adaptive:
+        from workers.gamma import AdaptiveGamma
+
+        policy = AdaptiveGamma(settings.gamma, warm_up=warm_up)
+    if config.kind == "ray":
+        from workers.coordinator import RayEngine
+
+        return RayEngine(target, draft, settings, config=config, gamma_policy=policy)
+    return InProcessEngine(_bound_model(target), _bound_model(draft), settings, gamma_policy=policy)
+
+
+def _checkpoint_version(spec: ModelSpec) -> int | None:
+    """mtime of the checkpoint folder: a new export (a new checkpoint_<step>) changes it."""
+    if spec.checkpoint is None:
+        return None
+    path = pathlib.Path(spec.checkpoint)
+    return path.stat().st_mtime_ns if path.exists() else None
+
+
+@functools.lru_cache(maxsize=4)
+def _cached_model(spec: ModelSpec, version: int | None) -> BoundModel:
+    from specdec_core.models.bound import load_model
+
+    del version  # part of the cache key only
+    return load_model(
+        spec.name, spec.family, spec.config, checkpoint=spec.checkpoint, init_seed=spec.init_seed
+    )
+
+
+def _bound_model(spec: ModelSpec) -> BoundModel:
+    """One BoundModel per spec (and checkpoint version) per process: compiled steps are
+    cached per model object, so repeated in-process jobs (tests, notebooks) do not
+    recompile."""
+    return _cached_model(spec, _checkpoint_version(spec))
 
 
 def decode_speculative(
@@ -85,11 +201,7 @@ class InProcessEngine:
         compiled: bool = True,
         gamma_policy=None,
     ):
-        if target.vocab_size != draft.vocab_size:
-            raise ValueError(
-                f"draft {draft.name!r} has vocab_size {draft.vocab_size} but target "
-                f"{target.name!r} has {target.vocab_size}: they must share a vocabulary"
-            )
+        check_shared_vocabulary(target.name, target.vocab_size, draft.name, draft.vocab_size)
         self.target, self.draft, self.settings = target, draft, settings
         self.compiled, self.gamma_policy = compiled, gamma_policy
 

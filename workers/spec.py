@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+# Where a job's engine runs (workers.engine.EngineConfig.kind, the --workers flag): the
+# models in Ray actors (workers.coordinator.RayEngine) or in the calling process.
+ENGINE_KINDS = ("ray", "inprocess")
 # Where a Ray job hosts the draft: in the coordinator's actor (one call per iteration)
 # or in an actor of its own (two calls). workers.coordinator.RayEngine reads it.
 DRAFT_PLACEMENTS = ("worker", "coordinator")
@@ -40,3 +43,14 @@ class ModelSpec:
     checkpoint: str | None = None  # T5X checkpoint folder; None: random init (tests)
     init_seed: int = 0
     placement: Placement = dataclasses.field(default_factory=Placement)
+
+
+def check_shared_vocabulary(
+    target_name: str, target_vocab: int, draft_name: str, draft_vocab: int
+) -> None:
+    """Draft and target must score the same token ids: one vocabulary size."""
+    if target_vocab != draft_vocab:
+        raise ValueError(
+            f"draft {draft_name!r} has vocab_size {draft_vocab} but target "
+            f"{target_name!r} has {target_vocab}: they must share a vocabulary"
+        )

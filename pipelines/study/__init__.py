@@ -108,10 +108,6 @@ from pipelines.study.config import (
 )
 from pipelines.study.dataset import (
     ASCII_VOCAB,
-    ENCODER_BUCKET,
-    T5_EOS_ID,
-    T5_PREFIX,
-    T5_START_ID,
     DatasetConfig,
     Prompt,
     Tokenizer,
@@ -168,13 +164,9 @@ from pipelines.study.stats import (
 
 __all__ = [
     "ASCII_VOCAB",
-    "ENCODER_BUCKET",
     "EXPERIMENT",
     "NGRAM_DRAFTS",
     "SUMMARY_KEYS",
-    "T5_EOS_ID",
-    "T5_PREFIX",
-    "T5_START_ID",
     "CellStats",
     "DatasetConfig",
     "DecodeConfig",

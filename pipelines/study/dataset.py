@@ -7,14 +7,10 @@ import functools
 import itertools
 from collections.abc import Callable, Iterator
 
-from pipelines import configs
+from pipelines import configs, text
 from pipelines.configs import ConfigError
 
 ASCII_VOCAB = 128  # the "ascii" tokenizer: ids 0 pad, 1 eos, 2 unk, else the code point
-T5_PREFIX = "translate English to German: "
-T5_START_ID = 0  # T5's decoder start token (= pad)
-T5_EOS_ID = 1
-ENCODER_BUCKET = 16  # encoder inputs pad to a multiple of this (fewer compilations)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -28,7 +24,7 @@ class DatasetConfig:
     num_prompts: int = 64  # prompts read (the first that have prompt_tokens pieces)
     prompt_tokens: int = 4  # pieces of the sentence given to a decoder-only target
     bos_id: int | None = 0  # starts decoder-only prompts and n-gram sequences; null: none
-    eos_id: int | None = 1  # ends generation and n-gram sequences; null: never stop
+    eos_id: int | None = text.EOS_ID  # ends generation and n-gram sequences; null: never stop
     ngram_smoothing: float = 1.0  # add-k of unigram/bigram drafts
     ngram_train_limit: int = 0  # training sequences for n-gram fits (0: all)
 
@@ -48,8 +44,8 @@ class Tokenizer:
     vocab_size: int
 
 
-def _ascii_encode(text: str) -> list[int]:
-    return [o if 3 <= (o := ord(ch)) < ASCII_VOCAB else 2 for ch in text]
+def _ascii_encode(line: str) -> list[int]:
+    return [o if 3 <= (o := ord(ch)) < ASCII_VOCAB else 2 for ch in line]
 
 
 @functools.lru_cache(maxsize=4)
@@ -57,12 +53,10 @@ def load_tokenizer(spec: str) -> Tokenizer:
     """``"ascii"`` (ids = code points 3..127, else unk 2) or a SentencePiece model path."""
     if spec == "ascii":
         return Tokenizer(encode=_ascii_encode, vocab_size=ASCII_VOCAB)
-    import sentencepiece as spm
-
     path = configs.resolve(spec)
     if not path.is_file():
         raise ConfigError(f"tokenizer not found: {path} (a SentencePiece model, or 'ascii')")
-    processor = spm.SentencePieceProcessor(model_file=str(path))
+    processor = text.sentencepiece(str(path))
     return Tokenizer(encode=processor.encode, vocab_size=processor.get_piece_size())
 
 
@@ -92,8 +86,8 @@ def iter_prompts(dataset: DatasetConfig) -> Iterator[Prompt]:
     """The first ``num_prompts`` lines with at least ``prompt_tokens`` pieces, lazily."""
     tokenizer = load_tokenizer(dataset.tokenizer)
     prompts = (
-        Prompt(id=i, text=text, tokens=tuple(tokenizer.encode(text)))
-        for i, text in enumerate(_iter_lines(dataset, train=False))
+        Prompt(id=i, text=line, tokens=tuple(tokenizer.encode(line)))
+        for i, line in enumerate(_iter_lines(dataset, train=False))
     )
     long_enough = (p for p in prompts if len(p.tokens) >= dataset.prompt_tokens)
     return itertools.islice(long_enough, dataset.num_prompts)
@@ -103,10 +97,10 @@ def ngram_sequences(dataset: DatasetConfig, *, side: str) -> list[list[int]]:
     """Training sequences for n-gram drafts: [bos] + pieces + [eos] of each line.
 
     side: "english" (decoder-only targets continue English) or "german" (a T5 En→De
-    target's decoder writes German; its start token is T5_START_ID).
+    target's decoder writes German; its start token is pipelines.text.DECODER_START_ID).
     """
     tokenizer = load_tokenizer(dataset.tokenizer)
-    start = T5_START_ID if side == "german" else dataset.bos_id
+    start = text.DECODER_START_ID if side == "german" else dataset.bos_id
     lines = _iter_lines(dataset, train=True, side=1 if side == "german" else 0)
     if dataset.ngram_train_limit:
         lines = itertools.islice(lines, dataset.ngram_train_limit)

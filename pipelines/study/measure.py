@@ -17,15 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipelines.study.dataset import (
-    ENCODER_BUCKET,
-    T5_EOS_ID,
-    T5_PREFIX,
-    T5_START_ID,
-    DatasetConfig,
-    Prompt,
-    load_tokenizer,
-)
+from pipelines import text
+from pipelines.study.dataset import DatasetConfig, Prompt, load_tokenizer
 from pipelines.study.stats import CellStats
 
 if TYPE_CHECKING:
@@ -93,12 +86,12 @@ def pack_prompts(
     encoder = None
     if families.get(family).is_encoder_decoder:
         tokenizer = load_tokenizer(dataset.tokenizer)
-        encoded = [[*tokenizer.encode(T5_PREFIX + p.text), T5_EOS_ID] for p in rows]
-        width = -(-max(map(len, encoded)) // ENCODER_BUCKET) * ENCODER_BUCKET
+        encoded = [text.encode(tokenizer, text.TRANSLATE_PREFIX, p.text) for p in rows]
+        width = text.padded_length(max(map(len, encoded)))
         encoder = np.zeros((batch_size, width), np.int32)
         for r, ids in enumerate(encoded):
             encoder[r, : len(ids)] = ids
-        prompt = np.full((batch_size, 1), T5_START_ID, np.int32)
+        prompt = np.full((batch_size, 1), text.DECODER_START_ID, np.int32)
     else:
         head = [] if dataset.bos_id is None else [dataset.bos_id]
         prompt = np.asarray([head + list(p.tokens[: dataset.prompt_tokens]) for p in rows])

@@ -65,6 +65,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specdec_core.models import t5
 from specdec_core.models.api import rollback
 
 FAMILY = "copy"  # the ``family`` of a copy draft's ModelSpec / BoundModel
@@ -88,8 +89,8 @@ class PromptLookupConfig:
     vocab_size: int
     n_max: int = 3  # longest suffix looked up
     n_min: int = 1  # shortest suffix that counts as a match
-    fallback_token: int = 1  # proposed (q = 1) where nothing matches; T5's EOS
-    pad_id: int = 0  # source tokens equal to it are padding and never match
+    fallback_token: int = t5.EOS_ID  # proposed (q = 1) where nothing matches
+    pad_id: int = t5.PAD_ID  # source tokens equal to it are padding and never match
     backoff: BackoffSpec | None = None  # copy first, this model draft when no match
 
     def __post_init__(self):

@@ -37,6 +37,9 @@ Params = Mapping[str, Any]
 
 NUM_BUCKETS = 32  # T5X network.py: RelativePositionBiases(num_buckets=32, ...)
 MAX_DISTANCE = 128  # ... max_distance=128
+PAD_ID = 0  # padding (masks come from tokens > 0)
+DECODER_START_ID = 0  # the first decoder input of every sequence (= PAD_ID)
+EOS_ID = 1  # end of sequence: ends encoder inputs and generations
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
