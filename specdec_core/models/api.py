@@ -1,4 +1,4 @@
-"""The model contract every family implements (DESIGN.md, "Model state").
+"""The model contract every family implements (docs/ARCHITECTURE.md, "Contracts").
 
 A model, as decoding sees it, is a pure function over an explicit cache pytree::
 
