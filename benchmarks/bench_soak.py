@@ -36,11 +36,10 @@ ensure_ray()  # before JAX starts threads
 
 import psutil  # noqa: E402  (a dependency of ray)
 
-from pipelines import model_resolver  # noqa: E402
-from pipelines.translate import encode, sentencepiece  # noqa: E402
+from pipelines import model_resolver, text  # noqa: E402
 from workers.batching import DecodeSettings, Request  # noqa: E402
 
-PREFIX = "translate English to German: "
+PREFIX = text.TRANSLATE_PREFIX
 
 
 def short_sentences(n: int, *, max_words: int) -> list[str]:
@@ -53,29 +52,114 @@ def short_sentences(n: int, *, max_words: int) -> list[str]:
     return ranked[:n]
 
 
-def worker_processes(engine: RayEngine) -> dict[str, psutil.Process]:
-    """The engine's actor processes by role (each actor reports its own pid)."""
-    import os
+def worker_actors(engine: RayEngine) -> dict:
+    """The engine's actors by role (a draft hosted by the coordinator has none)."""
+    roles = {r: getattr(engine, r, None) for r in ("target", "draft", "coordinator")}
+    return {role: actor for role, actor in roles.items() if actor is not None}
 
+
+def ray_get(refs):
     import ray
 
-    roles = {r: getattr(engine, r, None) for r in ("target", "draft", "coordinator")}
-    pids = {
-        role: ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
-        for role, actor in roles.items()
-        if actor is not None
-    }
-    return {role: psutil.Process(pid) for role, pid in pids.items()}
+    return ray.get(refs)
 
 
-def rss_mb(processes: dict[str, psutil.Process]) -> dict[str, float]:
-    sizes = {}
-    for role, process in processes.items():
+def worker_processes(actors: dict) -> dict[str, psutil.Process]:
+    """The actors' processes by role (each actor reports its own pid)."""
+    import os
+
+    pids = ray_get(
+        [actor.__ray_call__.remote(lambda self: os.getpid()) for actor in actors.values()]
+    )
+    return {role: psutil.Process(pid) for role, pid in zip(actors, pids, strict=True)}
+
+
+def sample(actors: dict, processes: dict, previous: dict | None = None, *, trim=False) -> dict:
+    """Per role: RSS, threads, glibc heap in use and free, compilations so far and the
+    ones since ``previous`` (texts)."""
+    since = {role: (previous or {}).get(role, {}).get("compiles", 0) for role in actors}
+    probes = ray_get(
+        [
+            actor.__ray_call__.remote(_read_probe, since[role], trim)
+            for role, actor in actors.items()
+        ]
+    )
+    points = {}
+    for (role, process), probe in zip(processes.items(), probes, strict=True):
         try:
-            sizes[role] = process.memory_info().rss / 2**20
+            rss, threads = process.memory_info().rss / 2**20, process.num_threads()
         except psutil.Error:
-            sizes[role] = float("nan")  # gone: a restarted worker
-    return sizes
+            rss, threads = float("nan"), 0  # gone: a restarted worker
+        points[role] = {"rss_mb": round(rss, 1), "threads": threads, **probe}
+    return points
+
+
+def report_jumps(index: int, previous: dict, now: dict, *, min_mb: float) -> None:
+    """Prints a line for a batch in which a process grew by ``min_mb`` or compiled."""
+    changes = []
+    for role, point in now.items():
+        before = previous[role]
+        grew = point["rss_mb"] - before["rss_mb"]
+        if abs(grew) >= min_mb or point["new_compiles"]:
+            changes.append(
+                f"{role} RSS {grew:+.0f} MB (heap used "
+                f"{point['malloc_in_use_mb'] - before['malloc_in_use_mb']:+.0f}, free "
+                f"{point['malloc_free_mb'] - before['malloc_free_mb']:+.0f}, threads "
+                f"{point['threads'] - before['threads']:+d}), "
+                f"{len(point['new_compiles'])} compiles"
+                + "".join(f"\n      {text[:240]}" for text in point["new_compiles"])
+            )
+    if changes:
+        print(f"  batch {index}: " + "; ".join(changes), flush=True)
+
+
+def _install_probe(actor) -> None:
+    """Runs in an actor: lists its XLA compilations (``jax_log_compiles``) on it."""
+    import logging
+
+    import jax
+
+    if hasattr(actor, "_soak_compiles"):
+        return
+    compiles: list[str] = []
+
+    class Compiles(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("Compiling "):
+                name, avals = record.args[:2]  # "Compiling %s with global shapes and types %s"
+                compiles.append(f"{name} {avals}")
+
+    jax.config.update("jax_log_compiles", True)
+    logging.getLogger("jax").addHandler(Compiles(logging.WARNING))
+    actor._soak_compiles = compiles
+
+
+def _read_probe(actor, since: int = 0, trim: bool = False) -> dict:
+    """Runs in an actor: its compilations (the count, and the texts of those after the
+    first ``since``) and glibc malloc's account of its heap (all arenas). ``trim``:
+    first hand free heap pages back to the system (``malloc_trim(0)``)."""
+    import ctypes
+
+    class Mallinfo2(ctypes.Structure):
+        _fields_ = [
+            (field, ctypes.c_size_t)
+            for field in (
+                *("arena", "ordblks", "smblks", "hblks", "hblkhd"),
+                *("usmblks", "fsmblks", "uordblks", "fordblks", "keepcost"),
+            )
+        ]
+
+    libc = ctypes.CDLL("libc.so.6")
+    if trim:
+        libc.malloc_trim(0)
+    libc.mallinfo2.restype = Mallinfo2
+    info = libc.mallinfo2()
+    return {
+        "compiles": len(actor._soak_compiles),
+        "new_compiles": actor._soak_compiles[since:],
+        "malloc_in_use_mb": round((info.uordblks + info.hblkhd) / 2**20, 1),
+        "malloc_free_mb": round(info.fordblks / 2**20, 1),
+    }
 
 
 def main() -> int:
@@ -88,12 +172,15 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=20, help="batches before RSS is baselined")
     parser.add_argument("--window", type=int, default=25, help="batches per reported window")
     parser.add_argument("--max-growth", type=float, default=0.05)
+    parser.add_argument(
+        "--jump-mb", type=float, default=20, help="report a batch that grows a process this much"
+    )
     parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args()
 
     target = model_resolver.resolve_model(model_resolver.DEFAULT_TARGET, role="target")
     draft = model_resolver.resolve_model(model_resolver.DEFAULT_DRAFT, role="draft")
-    processor = sentencepiece(target.vocab_path or str(model_resolver.DEFAULT_VOCAB))
+    processor = text.sentencepiece(target.vocab_path or str(model_resolver.DEFAULT_VOCAB))
     pool = short_sentences(args.records, max_words=args.max_words)
     # Shuffled (seeded): every length bucket, hence every compiled shape, occurs during
     # the warm-up; sorted by length, the first longer bucket compiled late and its
@@ -101,44 +188,68 @@ def main() -> int:
     texts = [pool[i % len(pool)] for i in range(args.records)]
     random.Random(0).shuffle(texts)
     requests = [
-        Request(id=f"soak-{i}", prompt_tokens=(0,), encoder_tokens=encode(processor, PREFIX, t, 1))
-        for i, t in enumerate(texts)
+        Request(
+            id=f"soak-{i}",
+            prompt_tokens=(text.DECODER_START_ID,),
+            encoder_tokens=text.encode(processor, PREFIX, line),
+        )
+        for i, line in enumerate(texts)
     ]
     settings = DecodeSettings(
         gamma=args.gamma, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size
     )
     engine = RayEngine(target.spec, draft.spec, settings)
-    processes = worker_processes(engine)
+    actors = worker_actors(engine)
+    processes = worker_processes(actors)
+    ray_get([actor.__ray_call__.remote(_install_probe) for actor in actors.values()])
     print(f"{len(requests)} records, batch {args.batch_size}, {len(processes)} worker processes")
     seen: dict[str, int] = {}
-    series, window_tokens, window_start = [], 0, time.perf_counter()
+    series, trace, window_tokens, window_start = [], [], 0, time.perf_counter()
     baseline_rss = None
     batches = [requests[i : i + args.batch_size] for i in range(0, len(requests), args.batch_size)]
+    previous = sample(actors, processes)
     start = time.perf_counter()
     for index, batch in enumerate(batches, 1):
         for generation in engine.generate(batch):
             seen[generation.id] = seen.get(generation.id, 0) + 1
             window_tokens += len(generation.tokens)
+        now = sample(actors, processes, previous)
+        trace.append({"batch": index, **now})
+        report_jumps(index, previous, now, min_mb=args.jump_mb)
+        previous = now
         if index == args.warmup:
-            baseline_rss = rss_mb(processes)
+            baseline_rss = {role: s["rss_mb"] for role, s in now.items()}
         last_full = index == len(requests) // args.batch_size
         if index % args.window == 0 or index == len(batches) or last_full:
-            now = time.perf_counter()
+            t = time.perf_counter()
             point = {
                 "batches": index,
                 "records": sum(seen.values()),
-                "elapsed_s": round(now - start, 2),
-                "tokens_per_s": round(window_tokens / (now - window_start), 1),
-                "rss_mb": {role: round(mb, 1) for role, mb in rss_mb(processes).items()},
+                "elapsed_s": round(t - start, 2),
+                "tokens_per_s": round(window_tokens / (t - window_start), 1),
+                "rss_mb": {role: s["rss_mb"] for role, s in now.items()},
+                "compiles": {role: s["compiles"] for role, s in now.items()},
             }
             series.append(point)
-            rss = ", ".join(f"{role} {mb:.0f}" for role, mb in point["rss_mb"].items())
+            rss = ", ".join(
+                f"{role} {s['rss_mb']:.0f} (heap {s['malloc_in_use_mb']:.0f} used "
+                f"{s['malloc_free_mb']:.0f} free, {s['compiles']} compiles)"
+                for role, s in now.items()
+            )
             print(
                 f"batch {index:4d}  records {point['records']:5d}  {point['elapsed_s']:7.1f} s  "
                 f"{point['tokens_per_s']:7.1f} tok/s  RSS MB [{rss}]",
                 flush=True,
             )
-            window_tokens, window_start = 0, now
+            window_tokens, window_start = 0, t
+    trimmed = sample(actors, processes, trim=True)
+    print(
+        "after malloc_trim(0): "
+        + ", ".join(
+            f"{role} RSS {s['rss_mb']:.0f} MB (heap {s['malloc_free_mb']:.0f} MB free)"
+            for role, s in trimmed.items()
+        )
+    )
     restarts = engine.restarts() if hasattr(engine, "restarts") else None
     engine.close()
 
@@ -162,9 +273,11 @@ def main() -> int:
         "duplicated": len(duplicated),
         "worker_restarts": restarts,
         "rss_growth_after_warmup": {role: round(g, 4) for role, g in growth.items()},
+        "after_malloc_trim": {role: s["rss_mb"] for role, s in trimmed.items()},
         "series": series,
+        "trace": trace,
     }
-    print(json.dumps({k: v for k, v in report.items() if k != "series"}, indent=1))
+    print(json.dumps({k: v for k, v in report.items() if k not in ("series", "trace")}, indent=1))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1))
