@@ -162,14 +162,20 @@ def _empty(record_id: str, number: int) -> DeadLetter:
     return DeadLetter(id=record_id, reason=EMPTY, detail="the source text is empty", line=number)
 
 
-def read_text(path: pathlib.Path) -> Iterator[Record | DeadLetter]:
-    """One source per line, keyed by line number."""
+def _texts(path: pathlib.Path) -> Iterator[tuple[int, str | DeadLetter]]:
+    """(line number, its text) per line; an undecodable or blank line as its dead letter."""
     for number, raw in _lines(path):
         text = _decode(number, raw)
+        if not isinstance(text, DeadLetter) and not text.strip():
+            text = _empty(str(number), number)
+        yield number, text
+
+
+def read_text(path: pathlib.Path) -> Iterator[Record | DeadLetter]:
+    """One source per line, keyed by line number."""
+    for number, text in _texts(path):
         if isinstance(text, DeadLetter):
             yield text
-        elif not text.strip():
-            yield _empty(str(number), number)
         else:
             yield Record(id=str(number), source=text.strip(), line=number)
 
@@ -201,12 +207,9 @@ def read_jsonl_records(
     path: pathlib.Path, *, fields: FieldNames = FieldNames()
 ) -> Iterator[Record | DeadLetter]:
     """One JSON object per line; keyed by its ``id`` (or the line number without one)."""
-    for number, raw in _lines(path):
-        text = _decode(number, raw)
+    for number, text in _texts(path):
         if isinstance(text, DeadLetter):
             yield text
-        elif not text.strip():
-            yield _empty(str(number), number)
         else:
             yield _parse_json_line(number, text, fields)
 

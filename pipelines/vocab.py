@@ -34,6 +34,7 @@ import io
 import pathlib
 from collections.abc import Iterator, Sequence
 
+from pipelines.arguments import ranged
 from pipelines.data import ding
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -224,30 +225,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--corpus", choices=("ding", "debian"), default="ding")
     parser.add_argument("--data", default=None, help="split directory (default per corpus)")
     parser.add_argument("--output", default=None, help="model path (.model)")
-    parser.add_argument("--vocab-size", type=_positive("--vocab-size"), default=None)
+    parser.add_argument("--vocab-size", type=ranged(int, "--vocab-size", low=1), default=None)
     parser.add_argument("--measure", default=None, help="debian: comma list of sizes to compare")
     parser.add_argument("--compare", default=None, help="debian: comma list of .model files")
     parser.add_argument(
         "--sample-sentences",
-        type=_positive("--sample-sentences"),
+        type=ranged(int, "--sample-sentences", low=1),
         default=None,
         help=f"debian: sentences sampled for training (default {DEBIAN_SAMPLE_SENTENCES})",
     )
-
-
-def _positive(flag: str):
-    """An argparse type: an int >= 1, else an error naming ``flag``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} must be int, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{flag} must be >= 1, got {text}")
-        return value
-
-    return parse
 
 
 def build_from_args(args: argparse.Namespace) -> pathlib.Path | None:

@@ -7,12 +7,11 @@ started. The models are the tiny T5 pair of tests/test_translate_job.py.
 
 import json
 
-import numpy as np
 import pytest
 
 from pipelines import cli, part_files, record_io, translate
 from pipelines.cli import main
-from tests.test_translate_job import DRAFT_NOISE, SENTENCES, _write_model, job_args
+from tests.test_translate_job import SENTENCES, job_args, tiny_pair
 
 
 @pytest.fixture(scope="module")
@@ -24,20 +23,7 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models(workdir):
-    import jax
-
-    from specdec_core.models import registry, t5
-
-    config = registry.get_config("t5_tiny_test", vocab_size=8000)
-    params = jax.tree_util.tree_map(np.asarray, t5.init_params(config, jax.random.key(0)))
-    rng = np.random.default_rng(0)
-    noisy = jax.tree_util.tree_map(
-        lambda x: (x + DRAFT_NOISE * x.std() * rng.standard_normal(x.shape)).astype(x.dtype), params
-    )
-    return {
-        "target": _write_model(workdir, "tiny_target", config, params),
-        "draft": _write_model(workdir, "tiny_draft", config, noisy),
-    }
+    return tiny_pair(workdir)
 
 
 def _args(workdir, models, input_path, name):

@@ -12,14 +12,13 @@ import json
 import pathlib
 import tempfile
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines import cli, part_files, record_io, translate
 from pipelines.cli import main
-from tests.test_translate_job import DRAFT_NOISE, SENTENCES, _write_model, job_args
+from tests.test_translate_job import SENTENCES, job_args, tiny_pair
 
 FIELDS = translate.TRANSLATE.fields
 SPECIAL = [
@@ -187,21 +186,8 @@ def test_read_jsonl_splits_rows_at_newlines_only(tmp_path):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    import jax
-
-    from specdec_core.models import registry, t5
-
     root = tmp_path_factory.mktemp("fuzz_models")
-    config = registry.get_config("t5_tiny_test", vocab_size=8000)
-    params = jax.tree_util.tree_map(np.asarray, t5.init_params(config, jax.random.key(0)))
-    rng = np.random.default_rng(0)
-    noisy = jax.tree_util.tree_map(
-        lambda x: (x + DRAFT_NOISE * x.std() * rng.standard_normal(x.shape)).astype(x.dtype), params
-    )
-    return {
-        "target": _write_model(root, "tiny_target", config, params),
-        "draft": _write_model(root, "tiny_draft", config, noisy),
-    }
+    return tiny_pair(root)
 
 
 def _job(tmp_path, models, name: str, data: bytes):

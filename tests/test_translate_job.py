@@ -111,9 +111,9 @@ def _write_model(root, name: str, config, params) -> pathlib.Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def models(workdir):
-    """Model YAMLs ``tiny_target`` and ``tiny_draft`` (target + noise) with checkpoints."""
+def tiny_pair(root: pathlib.Path) -> dict[str, pathlib.Path]:
+    """Model YAMLs ``tiny_target`` and ``tiny_draft`` (target + noise) with checkpoints
+    under ``root``: the job tests' pair (t5_tiny_test, 8k vocabulary)."""
     import jax
 
     from specdec_core.models import registry, t5
@@ -125,9 +125,15 @@ def models(workdir):
         lambda x: (x + DRAFT_NOISE * x.std() * rng.standard_normal(x.shape)).astype(x.dtype), params
     )
     return {
-        "target": _write_model(workdir, "tiny_target", config, params),
-        "draft": _write_model(workdir, "tiny_draft", config, noisy),
+        "target": _write_model(root, "tiny_target", config, params),
+        "draft": _write_model(root, "tiny_draft", config, noisy),
     }
+
+
+@pytest.fixture(scope="module")
+def models(workdir):
+    """Model YAMLs ``tiny_target`` and ``tiny_draft`` (target + noise) with checkpoints."""
+    return tiny_pair(workdir)
 
 
 @pytest.fixture(scope="module")

@@ -124,19 +124,7 @@ def table3_markdown(rows: Sequence[Mapping]) -> str:
         "|" + "---|" * len(header),
     ]
     for r in rows:
-        cells = (
-            r["task"],
-            f"{r['target']} ({_size(r['target_params'])})",
-            f"{r['draft']} ({_size(r['draft_params'])})",
-            f"{r['temperature']:g}",
-            f"{r['alpha']:.3f}",
-            f"[{r['alpha_ci_low']:.3f}, {r['alpha_ci_high']:.3f}]",
-            f"{r['empirical_acceptance']:.3f}",
-            "yes" if r["agrees_with_alpha"] else "NO",
-            str(r["optimal_gamma"]),
-            f"{r['predicted_improvement']:.2f}x",
-            f"{r['c']:.3g}",
-        )
+        cells = (r["task"], f"{r['target']} ({_size(r['target_params'])})", *_cells(r))
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Plots: artifacts `plots/alpha_by_draft.png`, `plots/improvement_vs_gamma.png`."]
     return "\n".join(lines) + "\n"
@@ -291,25 +279,27 @@ def _size(n: int) -> str:
     return str(n)
 
 
+def _cells(r: Mapping) -> tuple[str, ...]:
+    """A Table 3 row's cells from the draft on (Mq, T, α, CI, α̂, agree, γ*, improv., c)."""
+    return (
+        f"{r['draft']} ({_size(r['draft_params'])})",
+        f"{r['temperature']:g}",
+        f"{r['alpha']:.3f}",
+        f"[{r['alpha_ci_low']:.3f}, {r['alpha_ci_high']:.3f}]",
+        f"{r['empirical_acceptance']:.3f}",
+        "yes" if r["agrees_with_alpha"] else "NO",
+        str(r["optimal_gamma"]),
+        f"{r['predicted_improvement']:.2f}x",
+        f"{r['c']:.3g}",
+    )
+
+
 def format_table(rows: Sequence[Mapping]) -> str:
     """The paper's Table 3 layout (TASK/Mp, Mq, T, α) plus CI, α̂, γ*, improvement, c."""
     header = ("TASK (Mp)", "Mq", "T", "α", "CI", "α̂ spec", "agree", "γ*", "improv.", "c")
     lines = []
     for r in rows:
-        lines.append(
-            (
-                f"{r['task']} ({_size(r['target_params'])})",
-                f"{r['draft']} ({_size(r['draft_params'])})",
-                f"{r['temperature']:g}",
-                f"{r['alpha']:.3f}",
-                f"[{r['alpha_ci_low']:.3f}, {r['alpha_ci_high']:.3f}]",
-                f"{r['empirical_acceptance']:.3f}",
-                "yes" if r["agrees_with_alpha"] else "NO",
-                str(r["optimal_gamma"]),
-                f"{r['predicted_improvement']:.2f}x",
-                f"{r['c']:.3g}",
-            )
-        )
+        lines.append((f"{r['task']} ({_size(r['target_params'])})", *_cells(r)))
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
     fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
     rule = "-" * len(fmt(header))

@@ -15,6 +15,7 @@ import json
 from collections.abc import Sequence
 
 from pipelines import configs
+from pipelines.arguments import ranged
 from pipelines.train.evaluate import evaluate_checkpoint
 from pipelines.train.loop import Trainer, enable_compilation_cache
 
@@ -26,7 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="configs/models/<name>.yaml")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
     parser.add_argument(
-        "--max-steps", type=_positive_int, default=None, help="override train.max_steps"
+        "--max-steps",
+        type=ranged(int, "--max-steps", low=1),
+        default=None,
+        help="override train.max_steps",
     )
     parser.add_argument("--tracking-uri", default=None, help="MLflow URI (default runs/mlflow.db)")
     parser.add_argument(
@@ -43,16 +47,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --evaluate: only the first N full-sentence pairs of SPLIT",
     )
     parser.set_defaults(train_prog=parser.prog)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--max-steps must be int, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"--max-steps must be >= 1, got {text}")
-    return value
 
 
 def check_arguments(args: argparse.Namespace) -> None:
