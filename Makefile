@@ -66,14 +66,18 @@ models-debian: $(RUN_STAMP)
 	test -f assets/spm/ende_debian.model || $(BIN)/specdec vocab --corpus debian
 	$(BIN)/specdec train --config configs/models/ende_target_debian.yaml --resume
 
-## The whole test suite, statistical and end-to-end tests included.
+## The whole test suite, statistical and end-to-end tests included, in two worker
+## processes (pytest-xdist; a test file stays in one process, so its compiled models are
+## shared by its tests). PYTEST_WORKERS=0 runs it in this process.
+PYTEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q $(XDIST)
 
 ## Everything but the tests marked slow.
 test-fast: $(STAMP)
-	$(BIN)/pytest -q -m "not slow"
+	$(BIN)/pytest -q $(XDIST) -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
