@@ -32,7 +32,7 @@ import pathlib
 import sys
 
 from pipelines.arguments import ranged as _ranged
-from pipelines.model_resolver import DEFAULT_DRAFT, DEFAULT_GAMMA, DEFAULT_TARGET
+from pipelines.model_resolver import DEFAULT_GAMMA
 from pipelines.record_io import JobFailed, PartitionError
 from workers.spec import (
     DEFAULT_DRAFT_PLACEMENT,
@@ -109,8 +109,12 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
         "--input", required=True, help="text, TSV (source<TAB>reference), JSONL or seqio:TASK:SPLIT"
     )
     add("--output", required=True, help="output JSONL")
-    add("--target", default=None, help=f"model config name or YAML path (default {DEFAULT_TARGET})")
-    add("--draft", default=None, help=f"model config name or YAML path (default {DEFAULT_DRAFT})")
+    add(
+        "--target",
+        default=None,
+        help=f"model config name or YAML path (default {kind.default_target})",
+    )
+    add("--draft", default=None, help=f"model config name or spec (default {kind.default_draft})")
     add(
         "--gamma",
         type=_gamma,

@@ -50,7 +50,7 @@ from pipelines.inference import (
     process_started_at,
     time_breakdown,
 )
-from pipelines.model_resolver import DEFAULT_GAMMA, ResolvedModel
+from pipelines.model_resolver import DEFAULT_DRAFT, DEFAULT_GAMMA, DEFAULT_TARGET, ResolvedModel
 from pipelines.transforms import run_pipeline
 from workers.batching import DecodeSettings
 from workers.engine import EngineConfig
@@ -64,6 +64,8 @@ class JobKind:
     quality_metric: str  # "bleu" | "rouge"
     max_input_tokens: int  # default --max-input-tokens
     max_new_tokens: int  # default --max-new-tokens
+    default_target: str  # default --target: the embedded model for this kind of job
+    default_draft: str  # default --draft
 
 
 TRANSLATE = JobKind(
@@ -73,6 +75,8 @@ TRANSLATE = JobKind(
     quality_metric="bleu",
     max_input_tokens=256,
     max_new_tokens=64,
+    default_target=DEFAULT_TARGET,
+    default_draft=DEFAULT_DRAFT,
 )
 SUMMARIZE = JobKind(
     name="summarize",
@@ -83,6 +87,8 @@ SUMMARIZE = JobKind(
     quality_metric="rouge",
     max_input_tokens=1024,
     max_new_tokens=128,
+    default_target=DEFAULT_TARGET,
+    default_draft=DEFAULT_DRAFT,
 )
 KINDS = {kind.name: kind for kind in (TRANSLATE, SUMMARIZE)}
 
@@ -287,7 +293,7 @@ def make_job(
     ``engine`` (validated when it was built; default: on Ray, γ = DEFAULT_GAMMA) says how
     the job decodes: in-process or on Ray, and γ fixed or ``"auto"``: chosen per batch in
     0..``gamma_max`` from the job's measurements (workers.gamma).
-    ``target``/``draft`` default to the embedded pair; ``options`` are the remaining
+    ``target``/``draft`` default to the kind's embedded pair; ``options`` are the remaining
     JobConfig fields (limit, tracking_uri, summary_json, beam_args, ...).
     Raises ValueError (ModelResolutionError, ConfigError, ...) with a message for users.
     """
@@ -300,8 +306,8 @@ def make_job(
             ref or default, role=role, allow_random_init=allow_random_init, init_seed=init_seed
         )
         for role, ref, default, init_seed in (
-            ("target", target, model_resolver.DEFAULT_TARGET, 0),
-            ("draft", draft, model_resolver.DEFAULT_DRAFT, 1),
+            ("target", target, kind.default_target, 0),
+            ("draft", draft, kind.default_draft, 1),
         )
     }
     vocab_path = str(vocab or resolved["target"].vocab_path or model_resolver.DEFAULT_VOCAB)

@@ -349,3 +349,26 @@ def test_specdec_prepare_corpus_summaries_builds_the_corpus(tmp_path, capsys):
     assert cli.main(["prepare", "--corpus", "summaries", *paths, "--lists", str(empty)]) == 2
     assert "Translation-en" in capsys.readouterr().err
     assert not (tmp_path / "o2").exists()
+
+
+def test_the_trainer_reads_the_summaries_with_the_summarize_prefix():
+    """data.source summaries: summarize: {text} + EOS -> {synopsis} + EOS, as the seqio
+    task and the summarize job tokenize them."""
+    from pipelines import configs, text
+    from pipelines.train import data
+
+    model_file = configs.load_model_config("configs/models/summ_target.yaml")
+    examples = data.load_examples(model_file.data, "validation")
+    records = summaries.read_split(summaries.DEFAULT_OUTPUT, "validation")
+    assert len(examples) == len(records)
+    processor = text.sentencepiece(str(configs.resolve(model_file.data.vocab_path)))
+    first = records[0]
+    assert (examples.english[0], examples.german[0]) == (first.text, first.summary)
+    pieces = text.encode(processor, text.SUMMARIZE_PREFIX, first.text)[:-1]  # EOS dropped
+    limit = model_file.data.max_input_length
+    assert list(examples.inputs[0]) == [*pieces[: limit - 1], text.EOS_ID]
+    summary = processor.encode(first.summary)[: model_file.data.max_target_length - 1]
+    assert list(examples.targets[0]) == [*summary, text.EOS_ID]
+    assert data.task_prefix(model_file.data) == text.SUMMARIZE_PREFIX
+    translate_file = configs.load_model_config("configs/models/ende_target.yaml")
+    assert data.task_prefix(translate_file.data) == text.TRANSLATE_PREFIX

@@ -4,8 +4,11 @@ Sources (``data.source``): the ``ding_ende`` seqio task (``seqio``); the same Di
 splits tokenized with the same SentencePiece model in plain Python (``tsv``: no
 TensorFlow, identical ids: ``translate English to German: {en}`` + EOS -> ``{de}`` +
 EOS); the Debian corpus folder (``debian``: every source's split, interleaved, read by
-``pipelines.data.debian.build.read_split``) the same way; or one side of a Ding split as
-plain language-model text (``lm``).
+``pipelines.data.debian.build.read_split``) the same way; the Debian summaries corpus
+(``summaries``: ``summarize: {text}`` + EOS -> ``{synopsis}`` + EOS, read by
+``pipelines.data.summaries.read_split``); or one side of a Ding split as plain
+language-model text (``lm``). For ``summaries`` the ``english`` / ``german`` fields of
+:class:`Examples` hold the text and its summary.
 
 Examples are bucketed by (input, target) length (:func:`length_buckets`: fine buckets
 up to 64 tokens, powers of two above, so that paragraph-length data compiles few
@@ -24,10 +27,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pipelines import configs
+from pipelines import configs, text
 
-PREFIX = "translate English to German: "
-EOS_ID = 1
+PREFIX = text.TRANSLATE_PREFIX  # the translation sources' task prefix
+EOS_ID = text.EOS_ID
 INPUT_BUCKETS = (16, 24, 32, 48, 64)  # padded encoder lengths
 TARGET_BUCKETS = (8, 16, 24, 32, 48, 64)  # padded decoder lengths
 LONG_BUCKETS = (16, 32, 64, 128, 256, 512)  # both sides, when a max length exceeds 64
@@ -69,8 +72,19 @@ def trim(ids: Sequence[int], max_length: int) -> np.ndarray:
     return np.asarray([*ids, EOS_ID], np.int32)
 
 
+def task_prefix(data: configs.DataConfig) -> str:
+    """The T5 task prefix of ``data``'s inputs (summaries: ``summarize: ``)."""
+    return text.SUMMARIZE_PREFIX if data.source == "summaries" else PREFIX
+
+
 def read_pairs(data: configs.DataConfig, split: str) -> list[tuple[str, str]]:
-    """``(english, german)`` pairs of a split: Ding TSV (``tsv``) or the Debian corpus."""
+    """``(input, target)`` texts of a split: Ding TSV (``tsv``), the Debian corpus
+    (``debian``) or the Debian summaries (``summaries``: text, synopsis)."""
+    if data.source == "summaries":
+        from pipelines.data import summaries
+
+        records = summaries.read_split(configs.resolve(data.data_dir), split)
+        return [(r.text, r.summary) for r in records]
     if data.source == "debian":
         from pipelines.data.debian import build
 
@@ -81,14 +95,15 @@ def read_pairs(data: configs.DataConfig, split: str) -> list[tuple[str, str]]:
 
 
 def load_examples_tsv(data: configs.DataConfig, split: str) -> Examples:
-    """The split (Ding TSV or Debian corpus) tokenized with SentencePiece (no TensorFlow)."""
+    """The split (Ding TSV, Debian corpus or summaries) tokenized with SentencePiece (no
+    TensorFlow)."""
     import sentencepiece as spm
 
     processor = spm.SentencePieceProcessor(model_file=str(configs.resolve(data.vocab_path)))
     pairs = read_pairs(data, split)
     english = [en for en, _ in pairs]
     german = [de for _, de in pairs]
-    inputs = processor.encode([PREFIX + en for en in english])
+    inputs = processor.encode([task_prefix(data) + en for en in english])
     targets = processor.encode(german)
     return Examples(
         inputs=[trim(x, data.max_input_length) for x in inputs],
@@ -150,14 +165,16 @@ def load_examples_lm(data: configs.DataConfig, split: str) -> Examples:
 
 
 def load_examples(data: configs.DataConfig, split: str) -> Examples:
-    """The split of ``data.source`` (seqio, tsv, debian or lm), tokenized."""
+    """The split of ``data.source`` (seqio, tsv, debian, summaries or lm), tokenized."""
     if data.source == "seqio":
         return load_examples_seqio(data, split)
-    if data.source in ("tsv", "debian"):
+    if data.source in ("tsv", "debian", "summaries"):
         return load_examples_tsv(data, split)
     if data.source == "lm":
         return load_examples_lm(data, split)
-    raise ValueError(f"data.source must be 'seqio', 'tsv', 'debian' or 'lm', got {data.source!r}")
+    raise ValueError(
+        f"data.source must be 'seqio', 'tsv', 'debian', 'summaries' or 'lm', got {data.source!r}"
+    )
 
 
 def bucket_length(length: int, buckets: Sequence[int]) -> int:
