@@ -80,7 +80,8 @@ def first_record_s(job_id: str) -> float | None:
 
 
 def engine_traffic(job_id: str) -> dict | None:
-    """Bytes per iteration between Ray workers, summed over the job's engines."""
+    """Bytes per iteration between Ray workers, summed over the job's engines, their
+    actors' restarts, and where the roles ran (``placement``)."""
     engines = [e for e in _ENGINES.get(job_id, []) if hasattr(e, "traffic")]
     if not engines:
         return None
@@ -96,7 +97,18 @@ def engine_traffic(job_id: str) -> dict | None:
         "bytes": n_bytes,
         "bytes_per_iteration": n_bytes / max(iterations, 1),
         "worker_restarts": restarts,
+        "placement": _placement([e.placement() for e in engines]),
     }
+
+
+def _placement(placements: list[dict[str, str | None]]) -> dict:
+    """role -> node id where every engine put that role alike, else role -> the node ids
+    of the job's engines (None: an actor that was gone)."""
+    merged = {}
+    for role in placements[0]:
+        nodes = sorted({p[role] for p in placements}, key=str)
+        merged[role] = nodes[0] if len(nodes) == 1 else nodes
+    return merged
 
 
 def close_engines(job_id: str) -> None:

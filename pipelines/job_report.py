@@ -317,6 +317,9 @@ def log_results(
     from pipelines import tracking
 
     tracking.log_metrics(_numeric_metrics(summary, traffic))
+    for role, node in (summary.get("placement") or {}).items():  # Ray node per role
+        if node is not None:
+            mlflow.set_tag(f"placement_{role}", node if isinstance(node, str) else str(node))
     mlflow.log_dict(config, "job_config.json")
     for source in model_configs:
         if pathlib.Path(source).is_file():

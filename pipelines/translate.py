@@ -203,6 +203,7 @@ def run_job(job: JobConfig) -> dict[str, Any]:
             "records_resumed": len(done),
             "bytes_per_iteration": traffic["bytes_per_iteration"] if traffic else None,
             "worker_restarts": traffic["worker_restarts"] if traffic else None,
+            "placement": traffic["placement"] if traffic else None,  # Ray node per role
             "job_s": time.perf_counter() - started,
             "first_record_s": first_record_s(job_id),
             "time_breakdown": phases,

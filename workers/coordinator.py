@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import jax
 
 from specdec_core import decoding
-from workers import recovery, wire
+from workers import recovery, spec, wire
 from workers.batching import DecodeSettings, Generation, PackedBatch, Request, pack, unpack
 from workers.channel import ChannelClient, ChannelClosed, new_secret
 from workers.engine import EngineConfig
@@ -337,6 +337,8 @@ class RayEngine:
     address to join and: ``draft_placement``: ``"worker"`` puts the draft in its own
     actor (two calls per iteration); ``"coordinator"`` hosts it in the coordinator's
     actor, placed with the draft's resources (one call per iteration, to the target).
+    Nodes that offer a ``target`` / ``draft`` resource host that role
+    (:func:`workers.spec.role_options`); :meth:`placement` says where each ran.
     Either way the draft and the target are separate processes and give the same
     tokens. ``transport``: ``"socket"`` sends the loop's per-iteration calls over a
     direct channel to each remote worker (:mod:`workers.channel`; Ray if it cannot
@@ -384,9 +386,13 @@ class RayEngine:
         # The workers' channels serve only this job's coordinator (workers.channel); a
         # restarted coordinator gets the same constructor arguments, so the same secret.
         self._channel_secret = new_secret()
-        self.target = worker.options(**target.placement.ray_options()).remote(target)
+        # Nodes that offer a "target" / "draft" resource host that role (workers.spec).
+        offered = ray.cluster_resources()
+        target_options = spec.role_options(target.placement, "target", offered)
+        self.target = worker.options(**target_options).remote(target)
+        draft_options = spec.role_options(draft.placement, "draft", offered)
         if draft_placement == "worker":
-            self.draft = worker.options(**draft.placement.ray_options()).remote(draft)
+            self.draft = worker.options(**draft_options).remote(draft)
             self.coordinator = coordinator.options(num_cpus=0).remote(
                 self.draft,
                 self.target,
@@ -395,7 +401,7 @@ class RayEngine:
                 **failures,
             )
         else:
-            self.coordinator = coordinator.options(**draft.placement.ray_options()).remote(
+            self.coordinator = coordinator.options(**draft_options).remote(
                 None,
                 self.target,
                 draft_spec=draft,
@@ -476,6 +482,14 @@ class RayEngine:
 
     def traffic(self) -> dict:
         return self._ray.get(self.coordinator.traffic.remote())
+
+    def placement(self) -> dict[str, str | None]:
+        """Where each role runs now: {"target": node id, "draft": node id} (hex Ray node
+        ids read inside the actors, the draft's coordinator's when it hosts the draft;
+        None for an actor that is gone)."""
+        draft = self.coordinator if self.draft is None else self.draft
+        hosts = {"target": self.target, "draft": draft}
+        return {role: spec.actor_node_id(actor) for role, actor in hosts.items()}
 
     def close(self) -> None:
         for actor in ("coordinator", "draft", "target"):

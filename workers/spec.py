@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 # Where a job's engine runs (workers.engine.EngineConfig.kind, the --workers flag): the
@@ -16,6 +17,12 @@ DEFAULT_DRAFT_PLACEMENT = "coordinator"
 # to each worker's process (workers.channel), or Ray actor calls.
 TRANSPORTS = ("socket", "ray")
 DEFAULT_TRANSPORT = "socket"
+# Custom Ray resources that say which node hosts which model: a node started with
+# ``--resources '{"target": 1}'`` hosts the target's actor, one with ``{"draft": 1}``
+# the draft's (or the coordinator's that hosts it). Each actor asks for this share of its
+# role's resource, so one node can host the actors of many engines (Beam workers).
+ROLE_RESOURCES = ("target", "draft")
+ROLE_RESOURCE_SHARE = 0.01
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -31,6 +38,40 @@ class Placement:
         if self.resources:
             options["resources"] = dict(self.resources)
         return options
+
+
+def role_options(
+    placement: Placement, role: str, cluster_resources: Mapping[str, float]
+) -> dict[str, Any]:
+    """Ray options of the actor that hosts ``role``'s model: ``placement``'s, plus a
+    share of the custom resource named ``role`` when the cluster offers it (else
+    unchanged: Ray places the actor by CPU). A share the placement already asks for
+    is kept."""
+    if role not in ROLE_RESOURCES:
+        raise ValueError(f"role must be one of {ROLE_RESOURCES}, got {role!r}")
+    options = placement.ray_options()
+    if cluster_resources.get(role, 0) > 0:
+        options["resources"] = {role: ROLE_RESOURCE_SHARE, **options.get("resources", {})}
+    return options
+
+
+def node_id(_actor=None) -> str:
+    """The hex id of the Ray node this process runs on; an actor's, when a driver calls
+    it through ``actor.__ray_call__`` (which passes the actor instance)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+def actor_node_id(actor, *, timeout_s: float = 60.0) -> str | None:
+    """The hex id of the Ray node ``actor`` runs on, read inside it; None when it is
+    gone (or does not answer within ``timeout_s``: restarting)."""
+    import ray
+
+    try:
+        return ray.get(actor.__ray_call__.remote(node_id), timeout=timeout_s)
+    except ray.exceptions.RayError:
+        return None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
