@@ -68,9 +68,11 @@ models-debian: $(RUN_STAMP)
 
 ## The whole test suite, statistical and end-to-end tests included, in two worker
 ## processes (pytest-xdist; a test file stays in one process, so its compiled models are
-## shared by its tests). PYTEST_WORKERS=0 runs it in this process.
+## shared by its tests; a worker that dies fails the run at once, naming its test, instead
+## of being replaced: pytest-xdist can hang after replacing one under --dist loadfile).
+## PYTEST_WORKERS=0 runs it in this process.
 PYTEST_WORKERS ?= 2
-XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --max-worker-restart 0)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q $(XDIST)

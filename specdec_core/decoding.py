@@ -41,6 +41,12 @@ import numpy as np
 from specdec_core import acceptance, sampling
 from specdec_core.models.api import Forward, rollback
 
+# Compiled steps are cached per (model forward, settings). Each entry holds the model's
+# bound params and its XLA executables, so the caches are bounded: a job uses one target
+# and one draft (a few γ and sampling settings each); a process that goes through many
+# models (a test session, a notebook) frees the oldest, or all with clear_compiled().
+COMPILED_CACHE_SIZE = 16
+
 
 @flax.struct.dataclass
 class DecodeState:
@@ -102,7 +108,7 @@ def init_state(
     )
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=COMPILED_CACHE_SIZE)
 def _init_state_fn(width: int, gamma: int):
     """One compiled call builds the whole state (a dozen tiny ops would each dispatch)."""
 
@@ -128,7 +134,7 @@ def _init_state_fn(width: int, gamma: int):
     return jax.jit(init)
 
 
-@functools.lru_cache(maxsize=128)
+@functools.lru_cache(maxsize=COMPILED_CACHE_SIZE)
 def prefill_fn(forward: Forward):
     """``(cache, prompt_tokens [B, P], prompt_lengths [B]) -> cache``: writes the prompt
     from position 0 and keeps all but its last token (the pending one)."""
@@ -172,7 +178,7 @@ def _commit_block(
 # ---------------------------------------------------------------- target-only baseline
 
 
-@functools.lru_cache(maxsize=128)
+@functools.lru_cache(maxsize=COMPILED_CACHE_SIZE)
 def _autoregressive_fn(forward: Forward, config: sampling.SamplingConfig, eos_id: int | None):
     def step(carry):
         state, cache = carry
@@ -235,7 +241,7 @@ def autoregressive_generate(
 # ---------------------------------------------------------------- speculative loop
 
 
-@functools.lru_cache(maxsize=128)
+@functools.lru_cache(maxsize=COMPILED_CACHE_SIZE)
 def propose_fn(draft: Forward, gamma: int, config: sampling.SamplingConfig, first: bool):
     """``(draft_cache, state) -> (draft_tokens [B, γ], draft_probs [B, γ, V], cache)``.
 
@@ -276,7 +282,7 @@ def _propose(draft: Forward, gamma: int, config: sampling.SamplingConfig, first:
     return propose
 
 
-@functools.lru_cache(maxsize=128)
+@functools.lru_cache(maxsize=COMPILED_CACHE_SIZE)
 def score_fn(target: Forward, config: sampling.SamplingConfig):
     """``(target_cache, state, draft_tokens [B, γ]) -> (target_probs [B, γ+1, V], cache)``."""
     return jax.jit(_score(target, config), donate_argnums=0)
@@ -402,12 +408,12 @@ def _verify_commit(state: DecodeState, draft_tokens, draft_probs, target_probs, 
     return new_state, jnp.all(new_state.done)
 
 
-@functools.lru_cache(maxsize=128)
+@functools.lru_cache(maxsize=COMPILED_CACHE_SIZE)
 def _verify_commit_fn(eos_id: int | None):
     return jax.jit(functools.partial(_verify_commit, eos_id=eos_id))
 
 
-@functools.lru_cache(maxsize=128)
+@functools.lru_cache(maxsize=COMPILED_CACHE_SIZE)
 def _compiled_loop_fn(
     target: Forward, draft: Forward, gamma: int, config: sampling.SamplingConfig, eos_id
 ):
@@ -566,3 +572,17 @@ def result_from_state(
         accepted_by_position=np.asarray(host.accepted_by_position),
         **timings,
     )
+
+
+def clear_compiled() -> None:
+    """Drops every compiled step cached here (and the models they hold)."""
+    for cached in (
+        _init_state_fn,
+        prefill_fn,
+        _autoregressive_fn,
+        propose_fn,
+        score_fn,
+        _verify_commit_fn,
+        _compiled_loop_fn,
+    ):
+        cached.cache_clear()

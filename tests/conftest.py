@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import pathlib
+import sys
 
 import pytest
 
@@ -16,6 +18,24 @@ os.environ.setdefault("SPECDEC_COMPILE_CACHE", "off")
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED_TESTDATA = REPO_ROOT.parent / "shared" / "testdata"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_programs():
+    """After each test module: drop the compiled programs and models that the process
+    caches (specdec_core.decoding, workers, JAX's own jit caches). A test process goes
+    through hundreds of models; kept, they grew one pytest worker past 16 GB and the
+    kernel killed it (CI, stop 27)."""
+    yield
+    if "specdec_core.decoding" in sys.modules:
+        sys.modules["specdec_core.decoding"].clear_compiled()
+    if "workers.model_worker" in sys.modules:
+        sys.modules["workers.model_worker"].clear_compiled()
+    if "workers.engine" in sys.modules:
+        sys.modules["workers.engine"].clear_model_cache()
+    if "jax" in sys.modules:
+        sys.modules["jax"].clear_caches()
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

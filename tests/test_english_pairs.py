@@ -55,6 +55,17 @@ def prompts(processor):
     return np.asarray([[0, *ids[:PROMPT_PIECES]] for ids in pieces], np.int32)
 
 
+@pytest.fixture(scope="module")
+def bigram_forward(processor):
+    """A bigram draft fit on the Ding training English (one for every pair: its dense
+    table is vocab² floats, and each copy would be compiled into the loop again)."""
+    lines = [en for en, _ in ding.read_split(configs.resolve("assets/data/ding"), "train")]
+    corpus = [[0, *ids, EOS_ID] for ids in processor.encode(lines[:50_000])]
+    return functools.partial(
+        ngram.forward, ngram.fit_bigram(corpus, processor.get_piece_size(), k=1.0)
+    )
+
+
 def _decode_args(target, prompts) -> dict:
     """The arguments both decoding loops share: the target, its cache, the prompts."""
     rows, width = prompts.shape
@@ -89,7 +100,9 @@ def _acceptance(result) -> float:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target_name,draft_name", PAIRS)
-def test_committed_pair_is_exact_and_beats_a_bigram(target_name, draft_name, prompts, processor):
+def test_committed_pair_is_exact_and_beats_a_bigram(
+    target_name, draft_name, prompts, processor, bigram_forward
+):
     target, draft = _model(target_name, "target"), _model(draft_name, "draft")
     rows, max_len = prompts.shape[0], _max_len(prompts)
     baseline = decoding.autoregressive_generate(
@@ -102,16 +115,14 @@ def test_committed_pair_is_exact_and_beats_a_bigram(target_name, draft_name, pro
     text = processor.decode(baseline.tokens[0, : baseline.lengths[0]].tolist())
     assert any(c.isalpha() for c in text)
 
-    lines = [en for en, _ in ding.read_split(configs.resolve("assets/data/ding"), "train")]
-    corpus = [[0, *ids, EOS_ID] for ids in processor.encode(lines[:50_000])]
-    bigram = ngram.fit_bigram(corpus, target.vocab_size, k=1.0)
+    assert bigram_forward.args[0].log_probs.shape[-1] == target.vocab_size
     sampled = SamplingConfig(temperature=1.0)
     model_run = _speculative(
         target, draft.forward, draft.new_cache(None, rows, max_len), prompts, sampled
     )
     bigram_run = _speculative(
         target,
-        functools.partial(ngram.forward, bigram),
+        bigram_forward,
         ngram.init_cache(rows, max_len),
         prompts,
         sampled,

@@ -141,6 +141,11 @@ def _bound_model(spec: ModelSpec) -> BoundModel:
     return _cached_model(spec, _checkpoint_version(spec))
 
 
+def clear_model_cache() -> None:
+    """Forgets the BoundModels built in this process (:func:`_bound_model`)."""
+    _cached_model.cache_clear()
+
+
 def decode_speculative(
     target: BoundModel,
     draft: BoundModel,

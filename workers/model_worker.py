@@ -44,20 +44,26 @@ from workers.spec import ModelSpec
 WIRE_METHODS = ("propose_first", "score", "recover_and_propose")
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=decoding.COMPILED_CACHE_SIZE)
 def _score_and_count_fn(forward, config: SamplingConfig):
     return jax.jit(decoding.score_and_count(forward, config), donate_argnums=0)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=decoding.COMPILED_CACHE_SIZE)
 def _propose_first_fn(forward, gamma: int, config: SamplingConfig):
     return jax.jit(decoding.propose_first(forward, gamma, config), donate_argnums=0)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=decoding.COMPILED_CACHE_SIZE)
 def _recover_and_propose_fn(forward, gamma: int, config: SamplingConfig, eos_id: int | None):
     step = decoding.recover_and_propose(forward, gamma, config, eos_id)
     return jax.jit(step, donate_argnums=0)
+
+
+def clear_compiled() -> None:
+    """Drops the worker steps compiled in this process (and the models they hold)."""
+    for cached in (_score_and_count_fn, _propose_first_fn, _recover_and_propose_fn):
+        cached.cache_clear()
 
 
 def sparse_rows(dense: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray | None, ...]:
