@@ -15,8 +15,8 @@ A model reference is one of
   ``copy[:OPTIONS][+MODEL]``. OPTIONS as a preset's overrides: ``n`` (= ``n_max``, the
   longest suffix looked up, default 3), ``n_min`` (default 1), ``fallback`` (the token
   proposed where nothing matches, default 1: T5's EOS), ``vocab_size`` (default: the
-  backoff model's, else the default target's). ``+MODEL`` (any reference above) makes
-  it "copy first, MODEL when no match": ``copy:n=3+ende_draft_kd``.
+  backoff model's, else the job's target's, else the default target's). ``+MODEL`` (any
+  reference above) makes it "copy first, MODEL when no match": ``copy:n=3+ende_draft_kd``.
 
 A preset has no weights, and neither does a config whose checkpoint is not there yet:
 both need ``allow_random_init`` (the ``--allow-random-init`` test flag), otherwise
@@ -83,13 +83,27 @@ def _looks_like_path(ref: str) -> bool:
 
 
 def resolve_model(
-    ref: str, *, role: str, allow_random_init: bool = False, init_seed: int = 0
+    ref: str,
+    *,
+    role: str,
+    allow_random_init: bool = False,
+    init_seed: int = 0,
+    vocab_size: int | None = None,
 ) -> ResolvedModel:
-    """Resolves one ``--target``/``--draft`` value (``role`` names the flag in errors)."""
+    """Resolves one ``--target``/``--draft`` value (``role`` names the flag in errors).
+
+    ``vocab_size``: the target's, when it is known; a copy draft without a backoff model
+    or its own ``vocab_size`` option takes it (else the default target's)."""
     from specdec_core.models import registry
 
     if ref.split(":", 1)[0].split("+", 1)[0] == COPY_DRAFT:  # before paths: copy+a/b.yaml
-        return _copy_draft(ref, role=role, allow_random_init=allow_random_init, init_seed=init_seed)
+        return _copy_draft(
+            ref,
+            role=role,
+            allow_random_init=allow_random_init,
+            init_seed=init_seed,
+            vocab_size=vocab_size,
+        )
     if _looks_like_path(ref):
         return _from_config_file(pathlib.Path(ref), role=role, allow_random_init=allow_random_init)
     if ref in config_names():
@@ -174,7 +188,9 @@ def _from_preset(ref: str, *, role: str, allow_random_init: bool, seed: int) -> 
     return ResolvedModel(spec=spec, source=f"preset:{ref}", vocab_path=None, random_init=True)
 
 
-def _copy_draft(ref: str, *, role: str, allow_random_init: bool, init_seed: int) -> ResolvedModel:
+def _copy_draft(
+    ref: str, *, role: str, allow_random_init: bool, init_seed: int, vocab_size: int | None
+) -> ResolvedModel:
     """``copy[:OPTIONS][+MODEL]`` -> a ModelSpec of family ``copy`` (module docstring)."""
     from specdec_core.models import prompt_lookup
 
@@ -218,7 +234,7 @@ def _copy_draft(ref: str, *, role: str, allow_random_init: bool, init_seed: int)
         )
         fields.setdefault("vocab_size", inner.spec.config.vocab_size)
     else:
-        fields.setdefault("vocab_size", _default_target_vocab_size())
+        fields.setdefault("vocab_size", vocab_size or _default_target_vocab_size())
     try:
         config = prompt_lookup.PromptLookupConfig(backoff=backoff, **fields)
     except ValueError as error:

@@ -303,14 +303,17 @@ def make_job(
 
     engine = engine or EngineConfig(gamma=DEFAULT_GAMMA)
     resolved = {
-        role: model_resolver.resolve_model(
-            ref or default, role=role, allow_random_init=allow_random_init, init_seed=init_seed
-        )
-        for role, ref, default, init_seed in (
-            ("target", target, kind.default_target, 0),
-            ("draft", draft, kind.default_draft, 1),
+        "target": model_resolver.resolve_model(
+            target or kind.default_target, role="target", allow_random_init=allow_random_init
         )
     }
+    resolved["draft"] = model_resolver.resolve_model(
+        draft or kind.default_draft,
+        role="draft",
+        allow_random_init=allow_random_init,
+        init_seed=1,
+        vocab_size=resolved["target"].spec.config.vocab_size,
+    )
     vocab_path = str(vocab or resolved["target"].vocab_path or model_resolver.DEFAULT_VOCAB)
     pieces = text.sentencepiece(vocab_path).get_piece_size()
     model_resolver.check_pair(resolved["target"], resolved["draft"], vocab_size=pieces)

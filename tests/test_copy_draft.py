@@ -356,6 +356,26 @@ def test_copy_references_resolve_to_copy_specs():
         model_resolver.check_pair(target, plain, vocab_size=20)
 
 
+def test_a_plain_copy_draft_takes_the_jobs_target_vocabulary(tmp_path):
+    """``--draft copy`` with a 16k-vocabulary target needs no vocab_size option: make_job
+    hands the draft the target's; an explicit option or a backoff model still wins."""
+    from pipelines import translate
+
+    sized = model_resolver.resolve_model("copy", role="draft", vocab_size=16000)
+    assert sized.spec.config.vocab_size == 16000
+    explicit = model_resolver.resolve_model("copy:vocab_size=24", role="draft", vocab_size=16000)
+    assert explicit.spec.config.vocab_size == 24
+    job = translate.make_job(
+        translate.SUMMARIZE,
+        input="x.jsonl",
+        output=str(tmp_path / "out.jsonl"),
+        target="t5_tiny_test:vocab_size=8000",
+        draft="copy",
+        allow_random_init=True,
+    )
+    assert job.draft.spec.config.vocab_size == job.target.spec.config.vocab_size == 8000
+
+
 @pytest.mark.parametrize(
     "ref, role, message",
     [
