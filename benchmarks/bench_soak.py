@@ -8,10 +8,12 @@ embedded pair at ``--batch-size``, batch after batch, and samples after every ba
 - the resident memory (RSS) of every Ray model-worker process (the target's and the
   coordinator's, which hosts the draft by default), from ``/proc`` via psutil.
 
-It fails (exit 1) when a record is missing or duplicated in the results, or when a
-worker's RSS grows by more than ``--max-growth`` (default 5 %) between the end of the
-warm-up (``--warmup`` batches) and the end of the run. Output: a table per window, and
-``--json`` the whole series. Usage:
+Warm-up: first one batch of every padded shape that the run will use (so every program
+is compiled: a shape first met late compiles there and its programs would read as
+growth), then ``--warmup`` batches of the run. It fails (exit 1) when a record is missing
+or duplicated in the results, or when a worker's RSS grows by more than
+``--max-growth`` (default 5 %) between the end of the warm-up and the end of the run.
+Output: a table per window, and ``--json`` the whole series. Usage:
 
     .venv/bin/python benchmarks/bench_soak.py [--records 5000] [--batch-size 16]
         [--max-new-tokens 16] [--warmup 20] [--window 25] [--json FILE]
@@ -37,7 +39,7 @@ ensure_ray()  # before JAX starts threads
 import psutil  # noqa: E402  (a dependency of ray)
 
 from pipelines import model_resolver, text  # noqa: E402
-from workers.batching import DecodeSettings, Request  # noqa: E402
+from workers.batching import DecodeSettings, Request, pack  # noqa: E402
 
 PREFIX = text.TRANSLATE_PREFIX
 
@@ -46,7 +48,11 @@ def short_sentences(n: int, *, max_words: int) -> list[str]:
     """The ``n`` shortest distinct English sentences of 3+ words of the Ding training split."""
     with gzip.open(REPO / "assets" / "data" / "ding" / "train.tsv.gz", "rt") as lines:
         english = {line.split("\t", 1)[0].strip() for line in lines}
-    ranked = sorted((s for s in english if 3 <= len(s.split()) <= max_words), key=len)
+    # Ties broken by the text: a set's order changes with each process's hash seed, and so
+    # did the records (and their padded shapes) from one run to the next.
+    ranked = sorted(
+        (s for s in english if 3 <= len(s.split()) <= max_words), key=lambda s: (len(s), s)
+    )
     if not ranked:
         raise SystemExit(f"no Ding training sentence has at most {max_words} words")
     return ranked[:n]
@@ -182,9 +188,10 @@ def main() -> int:
     draft = model_resolver.resolve_model(model_resolver.DEFAULT_DRAFT, role="draft")
     processor = text.sentencepiece(target.vocab_path or str(model_resolver.DEFAULT_VOCAB))
     pool = short_sentences(args.records, max_words=args.max_words)
-    # Shuffled (seeded): every length bucket, hence every compiled shape, occurs during
-    # the warm-up; sorted by length, the first longer bucket compiled late and its
-    # programs read as growth (measured: +16% RSS at batch 260 of 313, then flat).
+    # Shuffled (seeded). A length bucket that first occurs late compiles there; its
+    # programs read as growth (measured: +15% RSS in one step at batch 144 of 313, the
+    # step's 3 + 4 compilations named by the probe, then flat), so every shape is
+    # compiled before the run (below).
     texts = [pool[i % len(pool)] for i in range(args.records)]
     random.Random(0).shuffle(texts)
     requests = [
@@ -207,6 +214,14 @@ def main() -> int:
     series, trace, window_tokens, window_start = [], [], 0, time.perf_counter()
     baseline_rss = None
     batches = [requests[i : i + args.batch_size] for i in range(0, len(requests), args.batch_size)]
+    shapes: dict[tuple, list[Request]] = {}
+    for batch in batches:
+        packed = pack(batch, settings)
+        widths = (packed.prompt_tokens.shape, getattr(packed.encoder_tokens, "shape", None))
+        shapes.setdefault((*widths, packed.max_len), batch)
+    print(f"warm-up: one batch of each of the run's {len(shapes)} padded shapes", flush=True)
+    for batch in shapes.values():
+        engine.generate(batch)  # compiles; these decodes are not counted
     previous = sample(actors, processes)
     start = time.perf_counter()
     for index, batch in enumerate(batches, 1):
@@ -272,6 +287,7 @@ def main() -> int:
         "missing": len(missing),
         "duplicated": len(duplicated),
         "worker_restarts": restarts,
+        "padded_shapes": len(shapes),
         "rss_growth_after_warmup": {role: round(g, 4) for role, g in growth.items()},
         "after_malloc_trim": {role: s["rss_mb"] for role, s in trimmed.items()},
         "series": series,
