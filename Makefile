@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # parity and side-by-side tests), pytest, hypothesis, selenium and ruff on top.
 RUN_STAMP := $(VENV)/.installed-run
 
-.PHONY: install run ui models models-en models-debian test test-fast lint format bench clean
+.PHONY: install run ui models models-en models-debian models-device models-unpack test test-fast lint format bench clean
 
 $(RUN_STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -65,6 +65,23 @@ models-debian: $(RUN_STAMP)
 	test -f assets/data/debian/counts.json || $(BIN)/specdec prepare --corpus debian
 	test -f assets/spm/ende_debian.model || $(BIN)/specdec vocab --corpus debian
 	$(BIN)/specdec train --config configs/models/ende_target_debian.yaml --resume
+
+## The Debian pair (ende_target_debian, its two distilled drafts) and the summarizer
+## draft on a lent accelerator (issue 21 item 3): every stage of
+## configs/recipes/debian_pair.yaml under its time budget, the exports packed into parts
+## of at most 16 MiB under runs/recipe/debian_pair/parts (RETURN=DIR copies the manifest
+## and the first 4 there). Needs only JAX, flax, optax, sentencepiece, tensorstore, PyYAML
+## and sacrebleu (PYTHON=python3 on a machine without the venv); runs on a CPU too
+## (SCALE=0.1 shortens every budget). `make models-unpack PARTS="DIR ..."` joins the
+## returned parts (SHA-256 checked) into assets/checkpoints.
+PYTHON ?= $(BIN)/python
+SCALE ?= 1
+models-device:
+	$(PYTHON) -m pipelines.train.recipe run configs/recipes/debian_pair.yaml --scale $(SCALE) \
+		$(if $(RETURN),--return-dir $(RETURN) --return-parts 4)
+
+models-unpack:
+	$(PYTHON) -m pipelines.train.recipe unpack $(PARTS)
 
 ## The whole test suite, statistical and end-to-end tests included, in two worker
 ## processes (pytest-xdist; a test file stays in one process, so its compiled models are

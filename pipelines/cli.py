@@ -10,6 +10,7 @@ Subcommands:
              or with ``--corpus summaries`` the Debian description → synopsis corpus
              (``pipelines.data.summaries``)
   train      trains a model config, resumably (``pipelines.train``)
+  train-recipe  trains a recipe's stages and packs their exports (``pipelines.train.recipe``)
   vocab      trains the SentencePiece vocabulary (``pipelines.vocab``)
   kd-data    the teacher's own translations as distillation data (``pipelines.kd_data``)
   demo       speculative vs target-only decoding on stub models, in one run
@@ -249,6 +250,7 @@ def _exit_codes_epilog() -> str:
 def build_parser() -> argparse.ArgumentParser:
     from pipelines import demo, kd_data, log_run, prepare, study, translate, ui, vocab
     from pipelines.train import cli as train_cli
+    from pipelines.train import recipe
 
     # Every other subcommand: (name, help, its module with add_arguments(parser), run(args)).
     subcommands = (
@@ -258,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("prepare", "write the Ding En-De splits, or a Debian corpus (--corpus)",
          prepare, prepare.run),
         ("train", "train a model config, resumably", train_cli, train_cli.run),
+        ("train-recipe", "train a recipe's stages and pack their exports", recipe, recipe.run),
         ("vocab", "train the SentencePiece vocabulary", vocab, vocab.run),
         ("kd-data", "the teacher's translations as distillation data", kd_data, kd_data.run),
         ("demo", "speculative vs target-only decoding on stub models", demo, demo.run),

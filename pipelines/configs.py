@@ -15,6 +15,10 @@ the key and the file)::
 
 Relative paths (data, vocabulary, checkpoints, teacher) are relative to the repository
 root, so a config means the same thing from any working directory.
+
+``load_model_config(path, overrides=["train.tokens_per_batch=65536", ...])`` sets
+``SECTION.KEY`` (or a top-level key) to a YAML value before validation, so an override
+is checked exactly as the file is (``specdec train --set``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import dataclasses
 import pathlib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -51,6 +55,8 @@ class DataConfig:
     max_target_length: int = 64  # longer targets are trimmed (EOS kept last)
     sentence_weight: float = 1.0  # sampling weight of full-sentence pairs vs phrases (1)
     eval_split: str = "validation"
+    length_buckets: tuple[int, ...] = ()  # padded lengths of both sides (each capped at its
+    #                                       max length); () = automatic (pipelines.train.data)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -170,8 +176,37 @@ TOP_LEVEL_KEYS = ("name", "family", "model", "data", "train", "checkpoint", "tea
 TOP_LEVEL_KEYS += ("teacher_config",)
 
 
-def load_model_config(path: str | pathlib.Path) -> ModelFileConfig:
-    """Parses one model YAML; raises ConfigError naming the file and key on any problem."""
+def apply_overrides(raw: dict, overrides: Sequence[str], *, file: str) -> dict:
+    """``raw`` with each ``KEY=VALUE`` / ``SECTION.KEY=VALUE`` set (VALUE read as YAML)."""
+    raw = {k: dict(v) if isinstance(v, Mapping) else v for k, v in raw.items()}
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        section, dot, field = key.strip().partition(".")
+        if not sep or not section or (dot and not field) or "." in field:
+            raise ConfigError(
+                f"{file}: override {override!r} is not KEY=VALUE or SECTION.KEY=VALUE"
+            )
+        try:
+            parsed = yaml.safe_load(value)
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{file}: override {override!r}: bad value: {error}") from None
+        if not dot:
+            raw[section] = parsed
+        elif section in SECTIONS:
+            raw.setdefault(section, {})[field] = parsed
+        else:
+            raise ConfigError(
+                f"{file}: override {override!r}: section must be one of {', '.join(SECTIONS)}"
+            )
+    return raw
+
+
+SECTIONS = ("model", "data", "train", "checkpoint")
+
+
+def load_model_config(path: str | pathlib.Path, overrides: Sequence[str] = ()) -> ModelFileConfig:
+    """Parses one model YAML (with ``overrides`` applied); raises ConfigError naming the
+    file and key on any problem."""
     path = resolve(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
@@ -179,6 +214,7 @@ def load_model_config(path: str | pathlib.Path) -> ModelFileConfig:
     file = str(path)
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{file}: top level must be a mapping, got {type(raw).__name__}")
+    raw = apply_overrides(raw, overrides, file=file)
     unknown = sorted(set(raw) - set(TOP_LEVEL_KEYS))
     if unknown:
         raise ConfigError(f"{file}: unknown key {unknown[0]} (known: {', '.join(TOP_LEVEL_KEYS)})")

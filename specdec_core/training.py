@@ -268,10 +268,13 @@ def make_train_step(
     teacher_logits_fn: LogitsFn | None = None,
     teacher_params: Any = None,
 ) -> Callable:
-    """Jitted ``(params, opt_state, batch, rng=None) -> (params, opt_state, metrics)``.
+    """Jitted ``(params, opt_state, batch, rng=None, lr_scale=1.0) -> (params, opt_state,
+    metrics)``.
 
     ``rng`` (a key) is passed to ``logits_fn`` as its third argument: the model's dropout
-    for this step (None: deterministic). The teacher never drops.
+    for this step (None: deterministic). The teacher never drops. ``lr_scale`` multiplies
+    the step's updates, i.e. the learning rate (AdamW's and Adafactor's updates are linear
+    in it): a schedule the host sets step by step (a time budget) without recompiling.
 
     With ``loss_config.distill_weight > 0``, ``teacher_logits_fn(teacher_params, batch)``
     gives the teacher's logits (no gradient flows into the teacher). Params and
@@ -280,7 +283,7 @@ def make_train_step(
     if loss_config.distill_weight > 0.0 and teacher_logits_fn is None:
         raise ValueError("distill_weight > 0 needs teacher_logits_fn and teacher_params")
 
-    def step(params, opt_state, batch, teacher, rng):
+    def step(params, opt_state, batch, teacher, rng, lr_scale):
         teacher_logits = None
         if loss_config.distill_weight > 0.0:
             teacher_logits = jax.lax.stop_gradient(teacher_logits_fn(teacher, batch))
@@ -293,13 +296,14 @@ def make_train_step(
 
         grads, metrics = jax.grad(objective, has_aux=True)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
+        updates = jax.tree.map(lambda u: (u * lr_scale).astype(u.dtype), updates)
         params = optax.apply_updates(params, updates)
         metrics["grad_norm"] = optax.global_norm(grads)
         return params, opt_state, metrics
 
     jitted = jax.jit(step, donate_argnums=(0, 1))
-    return lambda params, opt_state, batch, rng=None: jitted(
-        params, opt_state, batch, teacher_params, rng
+    return lambda params, opt_state, batch, rng=None, lr_scale=1.0: jitted(
+        params, opt_state, batch, teacher_params, rng, jnp.float32(lr_scale)
     )
 
 

@@ -2,7 +2,9 @@
 
 ``--config configs/models/<name>.yaml`` with ``--resume`` (continue from the latest
 checkpoint in the config's train dir, else warm-start from its export), ``--max-steps
-N`` (override ``train.max_steps``), ``--tracking-uri URI`` (MLflow; default
+N`` (override ``train.max_steps``) or ``--time-budget SECONDS`` (train until a deadline,
+the learning rate annealed by time), ``--set SECTION.KEY=VALUE`` (override a config
+value, checked as the file is), ``--tracking-uri URI`` (MLflow; default
 ``sqlite:///<repo>/runs/mlflow.db``), or ``--evaluate SPLIT [--sentences N]`` to score
 the latest checkpoint only. :func:`add_arguments` and :func:`run` are the ``specdec``
 subcommand; :func:`main` is ``python -m pipelines.train`` as a function.
@@ -32,6 +34,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="override train.max_steps",
     )
+    parser.add_argument(
+        "--time-budget",
+        type=ranged(float, "--time-budget", low=1.0),
+        default=None,
+        metavar="SECONDS",
+        help="train until this many seconds have passed (loading and compiling included), "
+        "the learning rate decayed to 0 over the last 20%% of them; not with --max-steps",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value (YAML), e.g. --set train.tokens_per_batch=65536",
+    )
     parser.add_argument("--tracking-uri", default=None, help="MLflow URI (default runs/mlflow.db)")
     parser.add_argument(
         "--evaluate",
@@ -53,6 +71,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     """ValueError naming the flag when the flags do not go together."""
     if args.sentences is not None and not args.evaluate:
         raise ValueError("--sentences only applies with --evaluate SPLIT")
+    if args.time_budget is not None and args.max_steps is not None:
+        raise ValueError("--time-budget and --max-steps do not go together: choose one")
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -62,6 +82,10 @@ def command_line(args: argparse.Namespace) -> str:
         parts.append("--resume")
     if args.max_steps is not None:
         parts += ["--max-steps", str(args.max_steps)]
+    if args.time_budget is not None:
+        parts += ["--time-budget", f"{args.time_budget:g}"]
+    for override in args.overrides:
+        parts += ["--set", override]
     if args.tracking_uri is not None:
         parts += ["--tracking-uri", args.tracking_uri]
     return " ".join(parts)
@@ -70,13 +94,13 @@ def command_line(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     """Trains (or with ``--evaluate`` scores) the config; returns the exit status."""
     check_arguments(args)
-    model_file = configs.load_model_config(args.config)
+    model_file = configs.load_model_config(args.config, args.overrides)
     enable_compilation_cache()
     if args.evaluate:
         result = evaluate_checkpoint(model_file, split=args.evaluate, sentences=args.sentences)
         print(json.dumps(result), flush=True)
         return 0
-    trainer = Trainer(model_file, max_steps=args.max_steps)
+    trainer = Trainer(model_file, max_steps=args.max_steps, time_budget_s=args.time_budget)
     run_state = trainer.fit(
         resume=args.resume, tracking_uri=args.tracking_uri, command=command_line(args)
     )

@@ -9,6 +9,13 @@ line and the MLflow train metrics; every ``train.eval_every`` steps an evaluatio
 
 Distillation: ``teacher: configs/models/ende_target.yaml`` (its latest checkpoint) or a
 checkpoint folder (with ``teacher_config``) and ``train.distill_weight > 0``.
+
+A time budget (``--time-budget SECONDS``, :class:`TimeBudget`) trains until a wall-clock
+deadline instead of to ``max_steps``: the host sets the learning rate each step (warmup,
+constant, then a linear decay to 0 over the budget's last ``decay_fraction``), so the run
+is annealed whatever step rate the machine gives (an accelerator lent for minutes).
+MLflow is optional (:class:`pipelines.tracking.OptionalRun`): without a store or the
+package, the progress lines still say everything.
 """
 
 from __future__ import annotations
@@ -61,12 +68,47 @@ class StopFlag:
         self.stop = True
 
 
-def _optimizer(train: configs.TrainConfig, max_steps: int):
+@dataclasses.dataclass
+class TimeBudget:
+    """A wall-clock training budget and the learning-rate multiplier the host sets.
+
+    The in-graph schedule is then constant; :meth:`scale` gives linear warmup over
+    ``warmup_steps`` steps of this process, 1, then a linear decay to 0 over the last
+    ``decay_fraction`` of the budget (time-based, so it ends at the deadline).
+    """
+
+    seconds: float
+    warmup_steps: int
+    decay_fraction: float = 0.2
+    start: float = dataclasses.field(default_factory=time.time)
+
+    def __post_init__(self):
+        if self.seconds <= 0:
+            raise ValueError(f"time budget must be > 0 seconds, got {self.seconds}")
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise ValueError(f"decay_fraction must be in (0, 1], got {self.decay_fraction}")
+
+    def remaining(self, now: float | None = None) -> float:
+        return self.start + self.seconds - (time.time() if now is None else now)
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.remaining(now) <= 0.0
+
+    def scale(self, steps_done: int, now: float | None = None) -> float:
+        """The learning-rate multiplier of the next step (``steps_done`` in this process)."""
+        warm = min(1.0, (steps_done + 1) / max(self.warmup_steps, 1))
+        decay = self.remaining(now) / (self.decay_fraction * self.seconds)
+        return warm * min(1.0, max(decay, 0.0))
+
+
+def _optimizer(train: configs.TrainConfig, max_steps: int, *, host_schedule: bool = False):
+    """The config's optimizer; ``host_schedule``: a constant in-graph rate (the host scales
+    it through the train step's ``lr_scale``)."""
     return training.make_optimizer(
         name=train.optimizer,
         learning_rate=train.learning_rate,
-        warmup_steps=train.warmup_steps,
-        schedule=train.schedule,
+        warmup_steps=1 if host_schedule else train.warmup_steps,
+        schedule="constant" if host_schedule else train.schedule,
         total_steps=max_steps,
         decay_steps=train.decay_steps,
         weight_decay=train.weight_decay,
@@ -101,12 +143,16 @@ def _train_step(model_file: configs.ModelFileConfig, optimizer):
     )
 
 
-def _progress_line(step, max_steps, metrics, rate) -> str:
-    eta = (max_steps - step) / rate if rate > 0 else float("inf")
-    eta_text = f"{eta / 3600:.1f}h" if eta >= 3600 else f"{eta / 60:.0f}m"
+def _progress_line(step, max_steps, metrics, rate, *, eta_s=None, lr_scale=None) -> str:
+    """One progress line; ``max_steps`` None (a time budget): ``eta_s`` is the time left."""
+    if eta_s is None:
+        eta_s = (max_steps - step) / rate if rate > 0 else float("inf")
+    eta_text = f"{eta_s / 3600:.1f}h" if eta_s >= 3600 else f"{eta_s / 60:.1f}m"
     extra = f" kl {metrics['kl']:.3f}" if "kl" in metrics else ""
+    extra += f" lr x{lr_scale:.2f}" if lr_scale is not None else ""
+    where = f"step {step}/{max_steps}" if max_steps is not None else f"step {step}"
     return (
-        f"step {step}/{max_steps} loss {metrics['loss']:.3f} acc {metrics['accuracy']:.3f}"
+        f"{where} loss {metrics['loss']:.3f} acc {metrics['accuracy']:.3f}"
         f"{extra} gnorm {metrics['grad_norm']:.2f} {rate:.2f} steps/s ETA {eta_text}"
     )
 
@@ -123,12 +169,22 @@ class RunState:
 class Trainer:
     """One training run of a model config: data, steps, evaluation, checkpoints."""
 
-    def __init__(self, model_file: configs.ModelFileConfig, *, max_steps: int | None = None):
+    def __init__(
+        self,
+        model_file: configs.ModelFileConfig,
+        *,
+        max_steps: int | None = None,
+        time_budget_s: float | None = None,
+    ):
         import sentencepiece as spm
 
+        if max_steps is not None and time_budget_s is not None:
+            raise ValueError("a run has max_steps or a time budget, not both")
         self.file = model_file
         self.train = model_file.train
         self.max_steps = max_steps if max_steps is not None else self.train.max_steps
+        self.time_budget_s = time_budget_s
+        self.budget: TimeBudget | None = None  # started by fit()
         self.is_encoder_decoder = families.of_config(model_file.model).is_encoder_decoder
         vocab_path = configs.resolve(model_file.data.vocab_path)
         self.processor = spm.SentencePieceProcessor(model_file=str(vocab_path))
@@ -146,7 +202,9 @@ class Trainer:
         self.sampler = BucketSampler.build(
             self.examples, self.train, model_file.data.sentence_weight, self.buckets
         )
-        self.optimizer = _optimizer(self.train, self.max_steps)
+        self.optimizer = _optimizer(
+            self.train, self.max_steps, host_schedule=time_budget_s is not None
+        )
         self.train_step = _train_step(model_file, self.optimizer)
         logits_fn = training.logits_fn_for(model_file.model)
         self.eval_step = training.make_eval_step(logits_fn)
@@ -284,7 +342,7 @@ class Trainer:
         )
         print(f"checkpoint at step {run.step} ({self.file.train_dir})", flush=True)
 
-    def log_eval(self, params, run: RunState, tracking) -> None:
+    def log_eval(self, params, run: RunState, mlrun) -> None:
         start = time.perf_counter()
         run.last_eval = {k: round(float(v), 4) for k, v in self.evaluate(params).items()}
         bleu = f" bleu {run.last_eval['bleu']:.2f}" if "bleu" in run.last_eval else ""
@@ -293,16 +351,26 @@ class Trainer:
             f"acc {run.last_eval['accuracy']:.3f}{bleu} ({time.perf_counter() - start:.0f}s)",
             flush=True,
         )
-        tracking.log_metrics({f"eval_{k}": v for k, v in run.last_eval.items()}, step=run.step)
+        from pipelines import tracking
+
+        metrics = {f"eval_{k}": v for k, v in run.last_eval.items()}
+        mlrun.call(tracking.log_metrics, metrics, step=run.step)
 
     def mlflow_params(self) -> dict:
         return {
             "config": self.file.path,
-            "max_steps": self.max_steps,
+            "max_steps": self.max_steps if self.time_budget_s is None else None,
+            "time_budget_s": self.time_budget_s,
             "model": dataclasses.asdict(self.file.model),
             "data": dataclasses.asdict(self.file.data),
             "train": dataclasses.asdict(self.train),
         }
+
+    def finished(self, step: int) -> bool:
+        """The run is done: its time budget is spent, or ``max_steps`` reached."""
+        if self.budget is not None:
+            return self.budget.expired()
+        return step >= self.max_steps
 
     def checkpoint_due(self, step: int, seconds_since_save: float) -> bool:
         every_steps, every_seconds = (
@@ -316,40 +384,51 @@ class Trainer:
         )
 
     def fit(self, *, resume: bool, tracking_uri: str | None, command: str) -> RunState:
-        """Trains to ``max_steps`` (or a stop signal); returns the final RunState."""
+        """Trains to ``max_steps`` or to the end of the time budget (or a stop signal);
+        returns the final RunState."""
         from pipelines import tracking
 
+        if self.time_budget_s is not None:  # compilation and loading count against it
+            self.budget = TimeBudget(self.time_budget_s, warmup_steps=self.train.warmup_steps)
         params, opt_state, run = self.initial_state(resume=resume)
         stop = StopFlag()
         size = configs.param_count(self.file.model) / 1e6
-        print(
-            f"{self.file.name}: {size:.2f}M params, steps {run.step} -> {self.max_steps}",
-            flush=True,
+        until = (
+            f"for {self.time_budget_s:.0f}s" if self.budget is not None else f"-> {self.max_steps}"
         )
-        with tracking.start_run(
+        print(f"{self.file.name}: {size:.2f}M params, steps {run.step} {until}", flush=True)
+        with tracking.OptionalRun(
             "train",
             run_name=self.file.name,
             params=self.mlflow_params(),
             tags={"model": self.file.name, "resumed_from_step": str(run.step)},
             tracking_uri=tracking_uri,
-        ):
+        ) as mlrun:
             last_save = window_start = segment_start = time.time()
-            window_step, wall_at_start = run.step, run.wall_s
-            while run.step < self.max_steps and not stop.stop:
+            window_step, wall_at_start, first_step = run.step, run.wall_s, run.step
+            done = self.finished(run.step)
+            while not done and not stop.stop:
+                scale = 1.0 if self.budget is None else self.budget.scale(run.step - first_step)
                 params, opt_state, metrics = self.train_step(
-                    params, opt_state, self.batch(run.step), self.dropout_key(run.step)
+                    params, opt_state, self.batch(run.step), self.dropout_key(run.step), scale
                 )
                 run.step += 1
                 run.wall_s = wall_at_start + time.time() - segment_start
+                done = self.finished(run.step)
                 if run.step % self.train.log_every == 0:
                     rate = (run.step - window_step) / max(time.time() - window_start, 1e-9)
                     window_start, window_step = time.time(), run.step
-                    self.log_progress(run.step, jax.device_get(metrics), rate, tracking)
-                if run.step % self.train.eval_every == 0 or run.step == self.max_steps:
-                    self.log_eval(params, run, tracking)
-                if self.checkpoint_due(run.step, time.time() - last_save) or stop.stop:
+                    self.log_progress(run.step, jax.device_get(metrics), rate, mlrun, scale)
+                if run.step % self.train.eval_every == 0 or done:
+                    self.log_eval(params, run, mlrun)
+                if self.checkpoint_due(run.step, time.time() - last_save) or stop.stop or done:
                     self.save(params, opt_state, run, command)
                     last_save = time.time()
+        if self.budget is not None and run.step == first_step and not stop.stop:
+            raise RuntimeError(
+                f"the time budget of {self.time_budget_s:g}s ran out before the first step "
+                "(loading and compiling count against it): give a larger --time-budget"
+            )
         return run
 
     def dropout_key(self, step: int) -> jax.Array | None:
@@ -359,12 +438,20 @@ class Trainer:
             return None
         return jax.random.fold_in(jax.random.PRNGKey(self.train.seed + 1_000_003), step)
 
-    def log_progress(self, step: int, metrics, rate: float, tracking) -> None:
+    def log_progress(self, step: int, metrics, rate: float, mlrun, lr_scale: float) -> None:
         """One progress line (loss, accuracy, steps/s, ETA) and the MLflow train metrics."""
+        from pipelines import tracking
+
         metrics = {k: float(v) for k, v in metrics.items()}
-        print(_progress_line(step, self.max_steps, metrics, rate), flush=True)
+        if self.budget is None:
+            line = _progress_line(step, self.max_steps, metrics, rate)
+        else:
+            eta = max(self.budget.remaining(), 0.0)
+            line = _progress_line(step, None, metrics, rate, eta_s=eta, lr_scale=lr_scale)
+        print(line, flush=True)
         logged = {k: metrics[k] for k in ("loss", "accuracy", "grad_norm")}
-        tracking.log_metrics(logged | {"steps_per_s": rate}, step=step)
+        logged |= {"steps_per_s": rate, "lr_scale": lr_scale}
+        mlrun.call(tracking.log_metrics, logged, step=step)
 
 
 def enable_compilation_cache(directory: str | pathlib.Path = "runs/jax_cache") -> None:

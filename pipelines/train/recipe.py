@@ -1,0 +1,400 @@
+"""Training recipes: several ``specdec train`` stages in one call, packed to bring back.
+
+``specdec train-recipe run configs/recipes/debian_pair.yaml`` trains every stage of a
+recipe (a YAML list of model configs, each with a time budget, ``--set`` overrides and
+the stages it comes ``after``). A stage starts as soon as the stages it comes after
+have finished, so independent chains share the machine (a lent accelerator runs the
+target and the summarizer draft side by side). A stage whose prerequisite failed is
+skipped, named, and the exit status says so. Then the exports of the finished stages
+(smallest first) and the stage logs go into one tar, split into parts of at most
+``part_bytes`` (a machine that returns files of at most 16 MiB), with a manifest of
+SHA-256 sums. ``--return-dir DIR --return-parts N`` copies the manifest and the first
+N parts there; the rest wait in the recipe's folder for the next call.
+
+``specdec train-recipe unpack DIR [DIR ...]`` finds the manifest and the parts in the
+folders, checks every sum, joins them and extracts the exports at their repository
+paths (only plain files and folders below ``--root``).
+
+Recipe schema::
+
+    part_bytes: 16700000            # optional
+    stages:
+      - config: configs/models/NAME.yaml
+        budget_s: 300               # --time-budget (loading and compiling included)
+        after: [OTHER_NAME]         # optional: stage names (their configs' ``name``)
+        set: [train.tokens_per_batch=65536, ...]   # optional --set overrides
+        resume: true                # optional: continue a train dir / export if present
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Sequence
+
+import yaml
+
+from pipelines import configs
+from pipelines.arguments import ranged
+
+DESCRIPTION = "Train a recipe's stages (configs/recipes/*.yaml) and pack their exports."
+DEFAULT_PART_BYTES = 16_700_000  # under the 16 MiB a lent machine returns per file
+MANIFEST = "manifest.json"
+STAGE_KEYS = ("config", "budget_s", "after", "set", "resume")
+
+
+class RecipeError(ValueError):
+    """A recipe file is malformed, or its parts do not join: says what and where."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    name: str  # the model config's name
+    config: str
+    budget_s: float
+    after: tuple[str, ...] = ()
+    overrides: tuple[str, ...] = ()
+    resume: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    path: str
+    stages: tuple[Stage, ...]
+    part_bytes: int = DEFAULT_PART_BYTES
+
+
+def load_recipe(path: str | pathlib.Path, extra_overrides: Sequence[str] = ()) -> Recipe:
+    """Parses and checks a recipe: known keys, configs that load, known ``after`` names."""
+    path = configs.resolve(path)
+    if not path.is_file():
+        raise RecipeError(f"recipe not found: {path}")
+    raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if not isinstance(raw, dict) or not isinstance(raw.get("stages"), list) or not raw["stages"]:
+        raise RecipeError(f"{path}: needs a non-empty list `stages`")
+    unknown = sorted(set(raw) - {"stages", "part_bytes"})
+    if unknown:
+        raise RecipeError(f"{path}: unknown key {unknown[0]} (known: part_bytes, stages)")
+    stages: list[Stage] = []
+    for number, entry in enumerate(raw["stages"], 1):
+        where = f"{path}: stage {number}"
+        if not isinstance(entry, dict) or "config" not in entry or "budget_s" not in entry:
+            raise RecipeError(f"{where}: needs `config` and `budget_s`")
+        bad = sorted(set(entry) - set(STAGE_KEYS))
+        if bad:
+            raise RecipeError(f"{where}: unknown key {bad[0]} (known: {', '.join(STAGE_KEYS)})")
+        overrides = (*[str(x) for x in entry.get("set") or ()], *extra_overrides)
+        try:
+            model_file = configs.load_model_config(entry["config"], overrides)
+        except configs.ConfigError as error:
+            raise RecipeError(f"{where}: {error}") from None
+        budget = entry["budget_s"]
+        if not isinstance(budget, int | float) or isinstance(budget, bool) or budget <= 0:
+            raise RecipeError(f"{where}: budget_s must be a positive number, got {budget!r}")
+        after = tuple(str(x) for x in entry.get("after") or ())
+        known = {s.name for s in stages}
+        missing = [name for name in after if name not in known]
+        if missing:
+            raise RecipeError(f"{where}: after {missing[0]!r} names no earlier stage")
+        if model_file.name in known:
+            raise RecipeError(f"{where}: a second stage trains {model_file.name!r}")
+        stages.append(
+            Stage(
+                name=model_file.name,
+                config=entry["config"],
+                budget_s=float(budget),
+                after=after,
+                overrides=overrides,
+                resume=bool(entry.get("resume", True)),
+            )
+        )
+    part_bytes = raw.get("part_bytes", DEFAULT_PART_BYTES)
+    if not isinstance(part_bytes, int) or part_bytes < 1024:
+        raise RecipeError(f"{path}: part_bytes must be an integer >= 1024, got {part_bytes!r}")
+    return Recipe(path=str(path), stages=tuple(stages), part_bytes=part_bytes)
+
+
+def stage_command(
+    stage: Stage, *, scale: float, python: str, tracking_uri: str | None = None
+) -> list[str]:
+    """The ``specdec train`` command line of one stage."""
+    command = [python, "-m", "pipelines.train", "--config", stage.config]
+    if tracking_uri:
+        command += ["--tracking-uri", tracking_uri]
+    command += ["--time-budget", f"{max(stage.budget_s * scale, 1.0):g}"]
+    if stage.resume:
+        command.append("--resume")
+    for override in stage.overrides:
+        command += ["--set", override]
+    return command
+
+
+@dataclasses.dataclass
+class StageRun:
+    stage: Stage
+    status: str = "waiting"  # waiting | running | done | failed | skipped
+    process: subprocess.Popen | None = None
+    started: float = 0.0
+    seconds: float = 0.0
+    reason: str = ""
+
+
+def run_stages(
+    recipe: Recipe,
+    *,
+    out_dir: pathlib.Path,
+    scale: float,
+    python: str,
+    tracking_uri: str | None = None,
+    poll_s: float = 1.0,
+) -> list[StageRun]:
+    """Runs the stages (each when its ``after`` stages are done); returns their outcomes."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs = {s.name: StageRun(s) for s in recipe.stages}
+    env = dict(os.environ, PYTHONUNBUFFERED="1", XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    start = time.time()
+    logs = {}
+    try:
+        while any(r.status in ("waiting", "running") for r in runs.values()):
+            for run in runs.values():
+                if run.status == "running" and run.process.poll() is not None:
+                    run.seconds = time.time() - run.started
+                    code = run.process.returncode
+                    run.status = "done" if code == 0 else "failed"
+                    run.reason = "" if code == 0 else f"exit status {code}"
+                    logs[run.stage.name].close()
+                    print(
+                        f"[{time.time() - start:6.0f}s] {run.stage.name}: {run.status} "
+                        f"after {run.seconds:.0f}s {run.reason}".rstrip(),
+                        flush=True,
+                    )
+                if run.status != "waiting":
+                    continue
+                before = [runs[name] for name in run.stage.after]
+                blocked = [b.stage.name for b in before if b.status in ("failed", "skipped")]
+                if blocked:
+                    run.status, run.reason = "skipped", f"{blocked[0]} did not finish"
+                    print(f"{run.stage.name}: skipped ({run.reason})", flush=True)
+                elif all(b.status == "done" for b in before):
+                    command = stage_command(
+                        run.stage, scale=scale, python=python, tracking_uri=tracking_uri
+                    )
+                    logs[run.stage.name] = open(out_dir / f"{run.stage.name}.log", "w")
+                    print(f"[{time.time() - start:6.0f}s] {run.stage.name}: {' '.join(command)}")
+                    run.process = subprocess.Popen(
+                        command,
+                        cwd=configs.REPO_ROOT,
+                        env=env,
+                        stdout=logs[run.stage.name],
+                        stderr=subprocess.STDOUT,
+                    )
+                    run.status, run.started = "running", time.time()
+            sys.stdout.flush()
+            time.sleep(poll_s)
+    finally:
+        for run in runs.values():
+            if run.status == "running":
+                run.process.terminate()
+                run.process.wait()
+    return list(runs.values())
+
+
+def _export_dir(stage: Stage) -> pathlib.Path:
+    return configs.load_model_config(stage.config, stage.overrides).export_dir
+
+
+def _arcname(path: pathlib.Path) -> str:
+    """The path inside the tar: repository-relative where it is under the repository."""
+    path = path.resolve()
+    root = configs.REPO_ROOT.resolve()
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path).lstrip("/")
+
+
+def _folder_bytes(folder: pathlib.Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def _sha256(path: pathlib.Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def pack(runs: Sequence[StageRun], *, out_dir: pathlib.Path, part_bytes: int) -> dict:
+    """Tars the finished stages' exports (smallest first) and the logs; splits the tar into
+    parts; writes and returns the manifest."""
+    parts_dir = out_dir / "parts"
+    shutil.rmtree(parts_dir, ignore_errors=True)
+    parts_dir.mkdir(parents=True)
+    stages = []
+    exports = []
+    for run in runs:
+        export = _export_dir(run.stage)
+        info_path = export / "training.json"
+        info = json.loads(info_path.read_text()) if info_path.is_file() else {}
+        stages.append(
+            {
+                "name": run.stage.name,
+                "status": run.status,
+                "reason": run.reason,
+                "seconds": round(run.seconds, 1),
+                "step": info.get("step"),
+                "validation": info.get("validation"),
+                "export": _arcname(export),
+            }
+        )
+        if run.status == "done" and info:
+            exports.append(export)
+    tar_path = out_dir / "models.tar"
+    with tarfile.open(tar_path, "w") as tar:
+        for export in sorted(exports, key=_folder_bytes):
+            tar.add(export, arcname=_arcname(export))
+        for run in runs:
+            log = out_dir / f"{run.stage.name}.log"
+            if log.is_file():
+                tar.add(log, arcname=_arcname(log))
+    parts = []
+    with open(tar_path, "rb") as handle:
+        while chunk := handle.read(part_bytes):
+            part = parts_dir / f"models.tar.part{len(parts):02d}"
+            part.write_bytes(chunk)
+            parts.append({"name": part.name, "bytes": len(chunk), "sha256": _sha256(part)})
+    manifest = {
+        "tar_sha256": _sha256(tar_path),
+        "tar_bytes": tar_path.stat().st_size,
+        "parts": parts,
+        "stages": stages,
+    }
+    (parts_dir / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    tar_path.unlink()
+    return manifest
+
+
+def unpack(folders: Sequence[pathlib.Path], *, root: pathlib.Path) -> list[str]:
+    """Joins the parts found in ``folders`` (sums checked), extracts below ``root``;
+    returns the extracted member names. RecipeError names a missing or corrupt part."""
+    manifests = [f / MANIFEST for f in folders if (f / MANIFEST).is_file()]
+    if not manifests:
+        raise RecipeError(f"no {MANIFEST} in {', '.join(map(str, folders))}")
+    manifest = json.loads(manifests[0].read_text())
+    root.mkdir(parents=True, exist_ok=True)
+    joined = root / ".models.tar.partial"
+    try:
+        with open(joined, "wb") as out:
+            for part in manifest["parts"]:
+                found = [f / part["name"] for f in folders if (f / part["name"]).is_file()]
+                if not found:
+                    raise RecipeError(f"part {part['name']} is in none of the folders given")
+                if _sha256(found[0]) != part["sha256"]:
+                    raise RecipeError(f"{found[0]}: SHA-256 differs from the manifest's")
+                out.write(found[0].read_bytes())
+        if _sha256(joined) != manifest["tar_sha256"]:
+            raise RecipeError("the joined tar's SHA-256 differs from the manifest's")
+        with tarfile.open(joined) as tar:
+            names = tar.getnames()
+            tar.extractall(root, filter="data")
+    finally:
+        joined.unlink(missing_ok=True)
+    return names
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="recipe_command", required=True)
+    run = sub.add_parser("run", help="train a recipe's stages and pack their exports")
+    run.add_argument("recipe", help="configs/recipes/<name>.yaml")
+    run.add_argument("--out", default=None, help="folder for logs and parts (runs/recipe/NAME)")
+    run.add_argument(
+        "--scale",
+        type=ranged(float, "--scale", low=0.0, low_open=True),
+        default=1.0,
+        help="multiply every stage's budget (e.g. a CPU smoke run)",
+    )
+    run.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="an override for every stage, after the recipe's own",
+    )
+    run.add_argument("--return-dir", default=None, help="copy the manifest and parts here")
+    run.add_argument(
+        "--return-parts",
+        type=ranged(int, "--return-parts", low=0),
+        default=None,
+        help="with --return-dir: only the first N parts (the rest wait in OUT/parts)",
+    )
+    run.add_argument("--python", default=sys.executable, help="the interpreter of the stages")
+    run.add_argument("--tracking-uri", default=None, help="MLflow URI of the stages' train runs")
+    unpack_parser = sub.add_parser("unpack", help="join and extract returned parts")
+    unpack_parser.add_argument("folders", nargs="+", help="folders holding the manifest and parts")
+    unpack_parser.add_argument(
+        "--root", default=str(configs.REPO_ROOT), help="extract below this folder"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs ``specdec train-recipe run|unpack``; returns the exit status."""
+    if args.recipe_command == "unpack":
+        names = unpack([pathlib.Path(f) for f in args.folders], root=pathlib.Path(args.root))
+        folders = sorted({"/".join(n.split("/")[:3]) for n in names})
+        print(f"extracted {len(names)} files below {args.root}: {', '.join(folders)}")
+        return 0
+    recipe = load_recipe(args.recipe, args.overrides)
+    out_dir = pathlib.Path(args.out or f"runs/recipe/{pathlib.Path(recipe.path).stem}")
+    out_dir = out_dir if out_dir.is_absolute() else configs.REPO_ROOT / out_dir
+    runs = run_stages(
+        recipe,
+        out_dir=out_dir,
+        scale=args.scale,
+        python=args.python,
+        tracking_uri=args.tracking_uri,
+    )
+    for stage_run in runs:  # the end of each log: final eval, checkpoint, errors
+        log = out_dir / f"{stage_run.stage.name}.log"
+        if log.is_file():
+            tail = log.read_text(errors="replace").splitlines()[-12:]
+            print(f"--- {stage_run.stage.name} ({stage_run.status}) ---", *tail, sep="\n")
+    manifest = pack(runs, out_dir=out_dir, part_bytes=recipe.part_bytes)
+    print(json.dumps({"stages": manifest["stages"], "parts": len(manifest["parts"])}, indent=1))
+    if args.return_dir:
+        target = pathlib.Path(args.return_dir)
+        target.mkdir(parents=True, exist_ok=True)
+        parts = manifest["parts"][: args.return_parts]
+        for name in [MANIFEST, *(p["name"] for p in parts)]:
+            shutil.copy2(out_dir / "parts" / name, target / name)
+        rest = [p["name"] for p in manifest["parts"][len(parts) :]]
+        if rest:
+            print(f"not returned yet ({len(rest)} parts): {out_dir / 'parts'}: {' '.join(rest)}")
+    failed = [r.stage.name for r in runs if r.status != "done"]
+    if failed:
+        print(f"stages not finished: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m pipelines.train.recipe ARGS`` (no ``specdec`` entry point needed)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m pipelines.train.recipe", description=DESCRIPTION
+    )
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except (RecipeError, configs.ConfigError) as error:
+        raise SystemExit(f"{parser.prog}: error: {error}") from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
