@@ -12,7 +12,7 @@ import zipfile
 
 import pytest
 
-from pipelines.data.debian import build, catalogs, common, ddtp, lohelp, mozilla
+from pipelines.data.debian import build, catalogs, common, ddtp, lohelp, mozilla, sample
 from pipelines.data.debian.common import Pair, normalize_key
 
 DATA = pathlib.Path(__file__).parent / "data" / "debian"
@@ -389,3 +389,20 @@ def test_debian_vocabulary_covers_what_the_ding_one_maps_to_unknown():
     assert processor.get_piece_size() == vocab.DEBIAN_VOCAB_SIZE
     assert (processor.pad_id(), processor.eos_id(), processor.unk_id()) == (0, 1, 2)
     assert processor.decode(processor.encode(texts[0])) == texts[0].replace("…", "...")
+
+
+def test_committed_debian_sample_is_the_corpus_pick_of_every_source(tmp_path):
+    """assets/samples/en_de_debian_sample.tsv (the Debian pair's sample) is reproduced
+    from the committed test splits: 10 full sentences per source, sources interleaved,
+    none of them in any training split."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    data_dir = root / "assets" / "data" / "debian"
+    path = tmp_path / "sample.tsv"
+    assert sample.write_sample(data_dir, path) == 50
+    committed = root / "assets" / "samples" / "en_de_debian_sample.tsv"
+    assert path.read_text(encoding="utf-8") == committed.read_text(encoding="utf-8")
+    pairs = [line.split("\t") for line in committed.read_text(encoding="utf-8").splitlines()]
+    sources = build.sources_of(data_dir)
+    assert len(sources) == 5
+    train = {en for name in sources for en, _ in build.read_source_split(data_dir, name, "train")}
+    assert not train & {en for en, _ in pairs}

@@ -356,25 +356,6 @@ def read_split(
     return out
 
 
-def pick_sample(
-    data_dir: str | pathlib.Path, *, per_source: int = 10, max_words: int = 30
-) -> list[tuple[str, str]]:
-    """``per_source`` full-sentence test pairs of every source, in hash order (the main
-    job's sample: ``assets/samples/en_de_debian_sample.tsv``, sources interleaved)."""
-    picked = [
-        ding.pick_samples(read_source_split(data_dir, name, "test"), per_source, max_words=max_words)
-        for name in sources_of(data_dir)
-    ]
-    return [pair for row in zip(*picked, strict=False) for pair in row]
-
-
-def write_sample(data_dir: str | pathlib.Path, path: str | pathlib.Path, **kwargs) -> int:
-    """Writes :func:`pick_sample` as ``english<TAB>german`` lines; returns the count."""
-    sample = pick_sample(data_dir, **kwargs)
-    ding.write_split(pathlib.Path(path), sample)
-    return len(sample)
-
-
 def license_text(source: str, result: SourceResult) -> str:
     """The LICENSE.md of one source: packages, versions, copyright files, licences."""
     lines = [f"# {SOURCE_TITLES[source]}", ""]
