@@ -1,7 +1,8 @@
 """Argument types shared by the ``specdec`` subcommands.
 
 :func:`ranged` parses a number and checks its bounds; its errors name the flag, and
-argparse turns them into one ``error:`` line and exit status 2.
+argparse turns them into one ``error:`` line and exit status 2. :func:`add_overrides`
+adds the repeatable ``--set SECTION.KEY=VALUE`` of the training commands.
 """
 
 from __future__ import annotations
@@ -27,3 +28,16 @@ def ranged(kind, name: str, *, low=None, high=None, low_open=False):
         return value
 
     return parse
+
+
+def add_overrides(parser: argparse.ArgumentParser, help_text: str) -> None:
+    """``--set SECTION.KEY=VALUE`` (repeatable) into ``args.overrides``: model-config
+    values read as YAML and checked as the file is (``pipelines.configs``)."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help=help_text,
+    )

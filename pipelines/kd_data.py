@@ -38,14 +38,18 @@ PREFIX = train.PREFIX
 EOS_ID = train.EOS_ID
 
 
-def select_inputs(data_dir: pathlib.Path, *, inputs: str, limit: int) -> list[str]:
-    """English sides of the training split: full sentences only, or all pairs; the first
-    ``limit`` (0 = all), each distinct English line once, in file order."""
+def select_inputs(data: configs.DataConfig | pathlib.Path, *, inputs: str, limit: int) -> list[str]:
+    """English sides of the training split (of a data config: a Ding folder or the Debian
+    corpus, whose sources come interleaved; a path: a Ding folder): full sentences only,
+    or all pairs; the first ``limit`` (0 = all), each distinct English line once, in
+    file order."""
     if inputs not in ("sentences", "all"):
         raise ValueError(f"--inputs must be 'sentences' or 'all', got {inputs!r}")
+    if not isinstance(data, configs.DataConfig):
+        data = configs.DataConfig(source="tsv", data_dir=str(data))
     seen: set[str] = set()
     english = []
-    for pair in ding.iter_split(data_dir, "train"):
+    for pair in train.read_pairs(data, "train"):
         if inputs == "sentences" and not ding.is_sentence_pair(pair):
             continue
         if pair[0] not in seen:
@@ -54,7 +58,7 @@ def select_inputs(data_dir: pathlib.Path, *, inputs: str, limit: int) -> list[st
         if limit and len(english) == limit:
             break
     if not english:
-        raise ValueError(f"no {inputs} inputs in the train split of {data_dir}")
+        raise ValueError(f"no {inputs} inputs in the train split of {data.data_dir}")
     return english
 
 
@@ -138,7 +142,7 @@ def build(
     data_dir = configs.resolve(model_file.data.data_dir)
     output = configs.resolve(output)
     checkpoint = configs.resolve(teacher_checkpoint) if teacher_checkpoint else None
-    english = select_inputs(data_dir, inputs=inputs, limit=limit)
+    english = select_inputs(model_file.data, inputs=inputs, limit=limit)
     processor = spm.SentencePieceProcessor(
         model_file=str(configs.resolve(model_file.data.vocab_path))
     )
@@ -171,8 +175,11 @@ def build(
             lines.append((en, german))
     output.mkdir(parents=True, exist_ok=True)
     ding.write_split(output / "train.tsv", lines)
-    for split in ("validation", "test"):
-        shutil.copyfile(ding.split_path(data_dir, split), output / f"{split}.tsv")
+    for split in ("validation", "test"):  # real references, as a Ding-style folder
+        if model_file.data.source == "debian":
+            ding.write_split(output / f"{split}.tsv", train.read_pairs(model_file.data, split))
+        else:
+            shutil.copyfile(ding.split_path(data_dir, split), output / f"{split}.tsv")
     info = {
         "teacher_config": str(teacher_config),
         "teacher_checkpoint": str(checkpoint or "latest"),

@@ -219,15 +219,8 @@ def autoregressive_generate(
     prompt_tokens: [B, P] int32 (padded); prompt_lengths: [B] int32 ≥ 1;
     request_ids: [B] ints; max_new_tokens: int or [B].
     """
-    prompt_tokens, prompt_lengths = _check_prompts(prompt_tokens, prompt_lengths)
-    start = time.perf_counter()
-    state = init_state(
-        prompt_tokens,
-        prompt_lengths,
-        request_ids,
-        seed=seed,
-        max_new_tokens=max_new_tokens,
-        gamma=0,
+    prompt_tokens, prompt_lengths, state, start = _begin(
+        prompt_tokens, prompt_lengths, request_ids, seed, max_new_tokens, gamma=0
     )
     cache = prefill_fn(target)(target_cache, prompt_tokens, prompt_lengths)
     state, cache = _autoregressive_fn(target, sampling_config, eos_id)(state, cache)
@@ -477,15 +470,8 @@ def speculative_generate(
     """
     if gamma < 1:
         raise ValueError(f"gamma must be >= 1, got {gamma}")
-    prompt_tokens, prompt_lengths = _check_prompts(prompt_tokens, prompt_lengths)
-    start = time.perf_counter()
-    state = init_state(
-        prompt_tokens,
-        prompt_lengths,
-        request_ids,
-        seed=seed,
-        max_new_tokens=max_new_tokens,
-        gamma=gamma,
+    prompt_tokens, prompt_lengths, state, start = _begin(
+        prompt_tokens, prompt_lengths, request_ids, seed, max_new_tokens, gamma=gamma
     )
     t0 = time.perf_counter()
     target_cache = jax.block_until_ready(
@@ -538,6 +524,21 @@ def speculative_generate(
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _begin(prompt_tokens, prompt_lengths, request_ids, seed, max_new_tokens, *, gamma):
+    """Checked prompts, the loop's initial state and the start time of a decode."""
+    prompt_tokens, prompt_lengths = _check_prompts(prompt_tokens, prompt_lengths)
+    start = time.perf_counter()
+    state = init_state(
+        prompt_tokens,
+        prompt_lengths,
+        request_ids,
+        seed=seed,
+        max_new_tokens=max_new_tokens,
+        gamma=gamma,
+    )
+    return prompt_tokens, prompt_lengths, state, start
 
 
 def _check_prompts(prompt_tokens, prompt_lengths) -> tuple[jax.Array, jax.Array]:

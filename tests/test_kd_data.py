@@ -86,6 +86,21 @@ def test_select_inputs_dedupes_and_limits(tiny_config):  # noqa: F811
         kd_data.select_inputs(data_dir, inputs="phrases", limit=0)
 
 
+def test_select_inputs_reads_the_debian_corpus_with_its_sources_interleaved():
+    from pipelines.data.debian import build
+
+    data = configs.load_model_config("configs/models/ende_target_debian.yaml").data
+    english = kd_data.select_inputs(data, inputs="sentences", limit=50)
+    assert len(english) == len(set(english)) == 50
+    data_dir = configs.resolve(data.data_dir)
+    sources = [
+        name
+        for name in build.sources_of(data_dir)
+        if set(english) & {en for en, _ in build.read_source_split(data_dir, name, "train")}
+    ]
+    assert len(sources) >= 3  # the first 50 already mix several sources
+
+
 @pytest.mark.parametrize(
     "flags,message",
     [

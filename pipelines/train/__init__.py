@@ -35,6 +35,7 @@ from pipelines.train.data import (
     length_buckets,
     load_examples,
     make_batch,
+    read_pairs,
     to_decoder_only,
     trim,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "load_teacher",
     "main",
     "make_batch",
+    "read_pairs",
     "run",
     "to_decoder_only",
     "trim",

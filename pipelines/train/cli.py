@@ -17,7 +17,7 @@ import json
 from collections.abc import Sequence
 
 from pipelines import configs
-from pipelines.arguments import ranged
+from pipelines.arguments import add_overrides, ranged
 from pipelines.train.evaluate import evaluate_checkpoint
 from pipelines.train.loop import Trainer, enable_compilation_cache
 
@@ -42,14 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="train until this many seconds have passed (loading and compiling included), "
         "the learning rate decayed to 0 over the last 20%% of them; not with --max-steps",
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override a config value (YAML), e.g. --set train.tokens_per_batch=65536",
-    )
+    add_overrides(parser, "override a config value (YAML), e.g. --set train.tokens_per_batch=65536")
     parser.add_argument("--tracking-uri", default=None, help="MLflow URI (default runs/mlflow.db)")
     parser.add_argument(
         "--evaluate",

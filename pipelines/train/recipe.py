@@ -44,7 +44,7 @@ from collections.abc import Sequence
 import yaml
 
 from pipelines import configs
-from pipelines.arguments import ranged
+from pipelines.arguments import add_overrides, ranged
 
 DESCRIPTION = "Train a recipe's stages (configs/recipes/*.yaml) and pack their exports."
 DEFAULT_PART_BYTES = 16_700_000  # under the 16 MiB a lent machine returns per file
@@ -320,14 +320,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="multiply every stage's budget (e.g. a CPU smoke run)",
     )
-    run.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="an override for every stage, after the recipe's own",
-    )
+    add_overrides(run, "an override for every stage, after the recipe's own")
     run.add_argument("--return-dir", default=None, help="copy the manifest and parts here")
     run.add_argument(
         "--return-parts",

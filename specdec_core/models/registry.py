@@ -121,6 +121,13 @@ def _t5_sized(nominal: float, *, emb_dim, num_heads, mlp_dim, num_layers) -> Pre
     )
 
 
+def _tiny_decoder(variant: str, **extra) -> Preset:
+    """A 2-layer, 32-wide decoder of ``variant`` over 128 tokens (tests)."""
+    config = {"variant": variant, "vocab_size": 128, "emb_dim": 32, "num_heads": 4}
+    config |= {"head_dim": 8, "mlp_dim": 64, "num_layers": 2, **extra}
+    return Preset("decoder", config, 0.0)
+
+
 PRESETS: dict[str, Preset] = {
     # T5 1.1, T5X gin values; nominal sizes as T5 1.1's release names them
     "t5_1_1_small": _t5_sized(77e6, emb_dim=512, num_heads=6, mlp_dim=1024, num_layers=8),
@@ -146,33 +153,8 @@ PRESETS: dict[str, Preset] = {
         num_encoder_layers=2,
         num_decoder_layers=2,
     ),
-    "gpt_tiny_test": Preset(
-        "decoder",
-        {
-            "variant": "gpt",
-            "vocab_size": 128,
-            "emb_dim": 32,
-            "num_heads": 4,
-            "head_dim": 8,
-            "mlp_dim": 64,
-            "num_layers": 2,
-            "max_len": 128,
-        },
-        0.0,
-    ),
-    "lamda_tiny_test": Preset(
-        "decoder",
-        {
-            "variant": "lamda",
-            "vocab_size": 128,
-            "emb_dim": 32,
-            "num_heads": 4,
-            "head_dim": 8,
-            "mlp_dim": 64,
-            "num_layers": 2,
-        },
-        0.0,
-    ),
+    "gpt_tiny_test": _tiny_decoder("gpt", max_len=128),
+    "lamda_tiny_test": _tiny_decoder("lamda"),
 }
 
 
