@@ -25,7 +25,8 @@ install: $(STAMP)
 ## sample on the embedded pair, with the target alone on the same records for the
 ## speedup, logged to MLflow (runs/mlflow.db).
 run: $(RUN_STAMP)
-	$(BIN)/specdec translate --input assets/samples/en_de_sample.tsv \
+	$(BIN)/specdec translate --input assets/samples/en_de_debian_sample.tsv \
+	    --target ende_target_debian --draft ende_draft_debian_kd \
 	    --output runs/translate/sample.jsonl --compare-baseline \
 	    --summary-json runs/translate/sample.summary.json
 
