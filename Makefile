@@ -72,17 +72,18 @@ models-debian: $(RUN_STAMP)
 ## configs/recipes/debian_pair.yaml under its time budget, the exports packed into parts
 ## of at most 16 MiB under runs/recipe/debian_pair/parts (RETURN=DIR copies the manifest
 ## and the first 4 there). Needs only JAX, flax, optax, sentencepiece, tensorstore, PyYAML
-## and sacrebleu (PYTHON=python3 on a machine without the venv); runs on a CPU too
-## (SCALE=0.1 shortens every budget). `make models-unpack PARTS="DIR ..."` joins the
-## returned parts (SHA-256 checked) into assets/checkpoints.
-PYTHON ?= $(BIN)/python
+## and sacrebleu: on a machine without the venv (or Beam), set RECIPE to the recipe
+## module run by that machine's python3 (README, "Debian"); runs on a CPU too (SCALE=0.1
+## shortens every budget). `make models-unpack PARTS="DIR ..."` joins the returned
+## parts (SHA-256 checked) into assets/checkpoints.
+RECIPE ?= $(BIN)/specdec train-recipe
 SCALE ?= 1
 models-device:
-	$(PYTHON) -m pipelines.train.recipe run configs/recipes/debian_pair.yaml --scale $(SCALE) \
+	$(RECIPE) run configs/recipes/debian_pair.yaml --scale $(SCALE) \
 		$(if $(RETURN),--return-dir $(RETURN) --return-parts 4)
 
-models-unpack:
-	$(PYTHON) -m pipelines.train.recipe unpack $(PARTS)
+models-unpack: $(STAMP)
+	$(BIN)/specdec train-recipe unpack $(PARTS)
 
 ## The whole test suite, statistical and end-to-end tests included, in two worker
 ## processes (pytest-xdist; a test file stays in one process, so its compiled models are

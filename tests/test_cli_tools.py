@@ -16,9 +16,10 @@ import pytest
 
 from pipelines import cli, kd_data, vocab
 from pipelines.train import cli as train_cli
+from pipelines.train import recipe
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-TOOLS = {"train": train_cli, "vocab": vocab, "kd-data": kd_data}
+TOOLS = {"train": train_cli, "vocab": vocab, "kd-data": kd_data, "train-recipe": recipe}
 
 
 @pytest.mark.parametrize(
@@ -131,6 +132,8 @@ def test_the_makefile_calls_the_specdec_forms():
     assert "$(BIN)/specdec train --config configs/models/ende_target.yaml --resume" in makefile
     assert "$(BIN)/specdec vocab --corpus debian" in makefile
     assert "$(BIN)/specdec kd-data" in makefile
+    assert "RECIPE ?= $(BIN)/specdec train-recipe" in makefile
+    assert "$(BIN)/specdec train-recipe unpack" in makefile
 
 
 @pytest.mark.slow  # compiles both decoding loops
