@@ -38,15 +38,12 @@ PREFIX = train.PREFIX
 EOS_ID = train.EOS_ID
 
 
-def select_inputs(data: configs.DataConfig | pathlib.Path, *, inputs: str, limit: int) -> list[str]:
-    """English sides of the training split (of a data config: a Ding folder or the Debian
-    corpus, whose sources come interleaved; a path: a Ding folder): full sentences only,
-    or all pairs; the first ``limit`` (0 = all), each distinct English line once, in
-    file order."""
+def select_inputs(data: configs.DataConfig, *, inputs: str, limit: int) -> list[str]:
+    """English sides of a data config's training split (a Ding folder, or the Debian
+    corpus with its sources interleaved): full sentences only, or all pairs; the first
+    ``limit`` (0 = all), each distinct English line once, in file order."""
     if inputs not in ("sentences", "all"):
         raise ValueError(f"--inputs must be 'sentences' or 'all', got {inputs!r}")
-    if not isinstance(data, configs.DataConfig):
-        data = configs.DataConfig(source="tsv", data_dir=str(data))
     seen: set[str] = set()
     english = []
     for pair in train.read_pairs(data, "train"):

@@ -76,14 +76,14 @@ def test_kd_folder_holds_the_teachers_translations_and_trains_a_student(trained_
 
 
 def test_select_inputs_dedupes_and_limits(tiny_config):  # noqa: F811
-    data_dir = configs.resolve(configs.load_model_config(tiny_config).data.data_dir)
-    assert kd_data.select_inputs(data_dir, inputs="all", limit=3) == [en for en, _ in PAIRS[:3]]
-    assert kd_data.select_inputs(data_dir, inputs="sentences", limit=0) == [
+    data = configs.load_model_config(tiny_config).data
+    assert kd_data.select_inputs(data, inputs="all", limit=3) == [en for en, _ in PAIRS[:3]]
+    assert kd_data.select_inputs(data, inputs="sentences", limit=0) == [
         "The house is small.",
         "I am tired!",
     ]
     with pytest.raises(ValueError, match="--inputs must be"):
-        kd_data.select_inputs(data_dir, inputs="phrases", limit=0)
+        kd_data.select_inputs(data, inputs="phrases", limit=0)
 
 
 def test_select_inputs_reads_the_debian_corpus_with_its_sources_interleaved():

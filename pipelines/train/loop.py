@@ -28,7 +28,7 @@ import time
 
 import jax
 
-from pipelines import configs
+from pipelines import configs, tracking
 from pipelines.train.checkpoints import (
     at_schedule_step,
     complete_checkpoints,
@@ -351,8 +351,6 @@ class Trainer:
             f"acc {run.last_eval['accuracy']:.3f}{bleu} ({time.perf_counter() - start:.0f}s)",
             flush=True,
         )
-        from pipelines import tracking
-
         metrics = {f"eval_{k}": v for k, v in run.last_eval.items()}
         mlrun.call(tracking.log_metrics, metrics, step=run.step)
 
@@ -386,8 +384,6 @@ class Trainer:
     def fit(self, *, resume: bool, tracking_uri: str | None, command: str) -> RunState:
         """Trains to ``max_steps`` or to the end of the time budget (or a stop signal);
         returns the final RunState."""
-        from pipelines import tracking
-
         if self.time_budget_s is not None:  # compilation and loading count against it
             self.budget = TimeBudget(self.time_budget_s, warmup_steps=self.train.warmup_steps)
         params, opt_state, run = self.initial_state(resume=resume)
@@ -440,8 +436,6 @@ class Trainer:
 
     def log_progress(self, step: int, metrics, rate: float, mlrun, lr_scale: float) -> None:
         """One progress line (loss, accuracy, steps/s, ETA) and the MLflow train metrics."""
-        from pipelines import tracking
-
         metrics = {k: float(v) for k, v in metrics.items()}
         if self.budget is None:
             line = _progress_line(step, self.max_steps, metrics, rate)

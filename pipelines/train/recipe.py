@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tarfile
 import time
+import typing
 from collections.abc import Sequence
 
 import yaml
@@ -61,6 +62,7 @@ class Stage:
     name: str  # the model config's name
     config: str
     budget_s: float
+    export_dir: pathlib.Path  # where the config (with the overrides) exports
     after: tuple[str, ...] = ()
     overrides: tuple[str, ...] = ()
     resume: bool = True
@@ -112,6 +114,7 @@ def load_recipe(path: str | pathlib.Path, extra_overrides: Sequence[str] = ()) -
                 name=model_file.name,
                 config=entry["config"],
                 budget_s=float(budget),
+                export_dir=model_file.export_dir,
                 after=after,
                 overrides=overrides,
                 resume=bool(entry.get("resume", True)),
@@ -146,6 +149,7 @@ class StageRun:
     started: float = 0.0
     seconds: float = 0.0
     reason: str = ""
+    log: typing.IO | None = None  # the stage's log file while it runs
 
 
 def run_stages(
@@ -162,7 +166,6 @@ def run_stages(
     runs = {s.name: StageRun(s) for s in recipe.stages}
     env = dict(os.environ, PYTHONUNBUFFERED="1", XLA_PYTHON_CLIENT_PREALLOCATE="false")
     start = time.time()
-    logs = {}
     try:
         while any(r.status in ("waiting", "running") for r in runs.values()):
             for run in runs.values():
@@ -171,7 +174,7 @@ def run_stages(
                     code = run.process.returncode
                     run.status = "done" if code == 0 else "failed"
                     run.reason = "" if code == 0 else f"exit status {code}"
-                    logs[run.stage.name].close()
+                    run.log.close()
                     print(
                         f"[{time.time() - start:6.0f}s] {run.stage.name}: {run.status} "
                         f"after {run.seconds:.0f}s {run.reason}".rstrip(),
@@ -188,13 +191,13 @@ def run_stages(
                     command = stage_command(
                         run.stage, scale=scale, python=python, tracking_uri=tracking_uri
                     )
-                    logs[run.stage.name] = open(out_dir / f"{run.stage.name}.log", "w")
+                    run.log = open(out_dir / f"{run.stage.name}.log", "w")
                     print(f"[{time.time() - start:6.0f}s] {run.stage.name}: {' '.join(command)}")
                     run.process = subprocess.Popen(
                         command,
                         cwd=configs.REPO_ROOT,
                         env=env,
-                        stdout=logs[run.stage.name],
+                        stdout=run.log,
                         stderr=subprocess.STDOUT,
                     )
                     run.status, run.started = "running", time.time()
@@ -205,11 +208,8 @@ def run_stages(
             if run.status == "running":
                 run.process.terminate()
                 run.process.wait()
+                run.log.close()
     return list(runs.values())
-
-
-def _export_dir(stage: Stage) -> pathlib.Path:
-    return configs.load_model_config(stage.config, stage.overrides).export_dir
 
 
 def _arcname(path: pathlib.Path) -> str:
@@ -223,14 +223,6 @@ def _folder_bytes(folder: pathlib.Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
-def _sha256(path: pathlib.Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def pack(runs: Sequence[StageRun], *, out_dir: pathlib.Path, part_bytes: int) -> dict:
     """Tars the finished stages' exports (smallest first) and the logs; splits the tar into
     parts; writes and returns the manifest."""
@@ -240,7 +232,7 @@ def pack(runs: Sequence[StageRun], *, out_dir: pathlib.Path, part_bytes: int) ->
     stages = []
     exports = []
     for run in runs:
-        export = _export_dir(run.stage)
+        export = run.stage.export_dir
         info_path = export / "training.json"
         info = json.loads(info_path.read_text()) if info_path.is_file() else {}
         stages.append(
@@ -265,13 +257,16 @@ def pack(runs: Sequence[StageRun], *, out_dir: pathlib.Path, part_bytes: int) ->
             if log.is_file():
                 tar.add(log, arcname=_arcname(log))
     parts = []
+    whole = hashlib.sha256()  # the tar's sum, from the same reads as the parts'
     with open(tar_path, "rb") as handle:
         while chunk := handle.read(part_bytes):
             part = parts_dir / f"models.tar.part{len(parts):02d}"
             part.write_bytes(chunk)
-            parts.append({"name": part.name, "bytes": len(chunk), "sha256": _sha256(part)})
+            whole.update(chunk)
+            sha256 = hashlib.sha256(chunk).hexdigest()
+            parts.append({"name": part.name, "bytes": len(chunk), "sha256": sha256})
     manifest = {
-        "tar_sha256": _sha256(tar_path),
+        "tar_sha256": whole.hexdigest(),
         "tar_bytes": tar_path.stat().st_size,
         "parts": parts,
         "stages": stages,
@@ -290,16 +285,19 @@ def unpack(folders: Sequence[pathlib.Path], *, root: pathlib.Path) -> list[str]:
     manifest = json.loads(manifests[0].read_text())
     root.mkdir(parents=True, exist_ok=True)
     joined = root / ".models.tar.partial"
+    whole = hashlib.sha256()
     try:
         with open(joined, "wb") as out:
             for part in manifest["parts"]:
                 found = [f / part["name"] for f in folders if (f / part["name"]).is_file()]
                 if not found:
                     raise RecipeError(f"part {part['name']} is in none of the folders given")
-                if _sha256(found[0]) != part["sha256"]:
+                data = found[0].read_bytes()
+                if hashlib.sha256(data).hexdigest() != part["sha256"]:
                     raise RecipeError(f"{found[0]}: SHA-256 differs from the manifest's")
-                out.write(found[0].read_bytes())
-        if _sha256(joined) != manifest["tar_sha256"]:
+                out.write(data)
+                whole.update(data)
+        if whole.hexdigest() != manifest["tar_sha256"]:
             raise RecipeError("the joined tar's SHA-256 differs from the manifest's")
         with tarfile.open(joined) as tar:
             names = tar.getnames()
