@@ -1,10 +1,15 @@
 """The translate/summarize job's inference step: the Beam ``ModelHandler`` whose "model"
-is an engine (:mod:`workers.engine`), and the per-process registry of the engines a job
-built (their traffic, restarts, time breakdown, and closing them).
+is an engine (:mod:`workers.engine`), and how the job learns what its engines did.
 
 :class:`SpeculativeModelHandler` is what ``RunInference`` calls in
-:mod:`pipelines.transforms`; :mod:`pipelines.translate` reads the registry after the
-pipeline has run. See docs/ARCHITECTURE.md for the job's data flow.
+:mod:`pipelines.transforms`. Beam may run it in this process (the default FnApiRunner)
+or in worker processes (``--direct_running_mode multi_processing``, a remote runner),
+so everything the job reports about its engines travels as Beam metrics (namespace
+:data:`METRICS`): seconds per phase, Ray traffic, actor restarts, placement, when the
+first record was decoded. :func:`read_metrics` turns a finished pipeline's metrics
+into the job's figures. The engines this process built are kept only to close them
+(:func:`close_engines`); a worker process's engines end with it. See
+docs/ARCHITECTURE.md for the job's data flow.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from apache_beam.metrics import Metrics
+from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.ml.inference.base import ModelHandler
 
 from pipelines import record_io, text
@@ -38,11 +45,12 @@ class Decoded:
     batch: str  # id of the batch it was decoded in (rows of one batch share wall_ms)
 
 
-# ------------------------------------------------------------------------ engines
+# ------------------------------------------------------------------------ metrics
 
-_ENGINES: dict[str, list[Any]] = {}  # job id -> engines its handler built (this process)
-_ENGINES_LOCK = threading.Lock()
-_FIRST_RECORD: dict[str, float] = {}  # job id -> time.time() its first record was decoded
+METRICS = "specdec"  # Beam metrics namespace of the job's engine figures
+_PHASE = "phase_us."  # counter prefix: microseconds spent in a phase, summed over workers
+_RESTARTS = "restarts."  # counter prefix: Ray restarts of a role's actor
+_PLACED = "placement."  # counter prefix: "ROLE=NODE", a role's actor seen on a node
 _IMPORTED_AT = time.time()
 
 
@@ -57,62 +65,120 @@ def process_started_at() -> float:
         return _IMPORTED_AT
 
 
-_PHASES: dict[str, dict[str, float]] = {}  # job id -> seconds per phase (this process)
+def add_phase(phase: str, seconds: float) -> None:
+    """Adds ``seconds`` to one phase of the job's time breakdown (a Beam counter; only
+    inside a bundle: Beam drops metrics updated elsewhere, e.g. in ``setup``)."""
+    Metrics.counter(METRICS, _PHASE + phase).inc(round(seconds * 1e6))
 
 
-def add_phase(job_id: str, phase: str, seconds: float) -> None:
-    """Adds ``seconds`` to one phase of a job's time breakdown."""
-    with _ENGINES_LOCK:
-        phases = _PHASES.setdefault(job_id, {})
-        phases[phase] = phases.get(phase, 0.0) + seconds
+class MeteredEngine:
+    """An engine and what it has reported so far. :meth:`report`, called inside a bundle,
+    adds its start-up time (once), the growth of its Ray traffic and restarts since the
+    last report, and its placement (``placement.ROLE=NODE`` counters) to the Beam
+    metrics. Thread-safe (Beam may share one engine across threads); every engine
+    interface call goes through to the engine."""
+
+    def __init__(self, engine, *, start_s: float):
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._start_s: float | None = start_s  # reported by the first report()
+        self._seen = {"iterations": 0, "bytes": 0}
+        self._restarts: dict[str, int] | None = None
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def report(self) -> None:
+        with self._lock:
+            if self._start_s is not None:
+                add_phase("engine_start", self._start_s)
+                self._start_s = None
+            if hasattr(self.engine, "traffic"):
+                self._report_ray()
+
+    def _report_ray(self) -> None:
+        traffic, restarts = self.engine.traffic(), self.engine.restarts()
+        for key in self._seen:
+            Metrics.counter(METRICS, key).inc(traffic[key] - self._seen[key])
+            self._seen[key] = traffic[key]
+        if restarts == self._restarts:
+            return
+        for role, count in restarts.items():  # first report, or an actor restarted
+            grew = count - (self._restarts or {}).get(role, 0)
+            Metrics.counter(METRICS, _RESTARTS + role).inc(grew)
+        for role, node in self.engine.placement().items():
+            Metrics.counter(METRICS, f"{_PLACED}{role}={node}").inc()
+        self._restarts = dict(restarts)
 
 
-def time_breakdown(job_id: str) -> dict[str, float]:
-    """The job's phases so far (seconds), removed from the registry."""
-    with _ENGINES_LOCK:
-        return _PHASES.pop(job_id, {})
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineMetrics:
+    """What a finished pipeline's engines reported (:func:`read_metrics`)."""
+
+    phases: dict[str, float]  # seconds per phase, summed over worker processes
+    traffic: dict | None  # Ray engines: iterations, bytes, bytes_per_iteration,
+    # worker_restarts (role -> count), placement (role -> node id, or a list of them)
+    first_record_at: float | None  # time.time() when the first record was decoded
 
 
-def first_record_s(job_id: str) -> float | None:
-    """Seconds from the process's start until the job's first record was decoded."""
-    at = _FIRST_RECORD.pop(job_id, None)
-    return None if at is None else at - process_started_at()
+def read_metrics(result) -> EngineMetrics:
+    """The job's :class:`EngineMetrics` from a finished Beam ``PipelineResult``."""
+    found = result.metrics().query(MetricsFilter().with_namespace(METRICS))
+    counters = {r.key.metric.name: _value(r) for r in found["counters"]}
+    phases = {k[len(_PHASE) :]: v / 1e6 for k, v in counters.items() if k.startswith(_PHASE)}
+    first = [_value(r) for r in found["distributions"] if r.key.metric.name == "first_record_ms"]
+    nodes = [k[len(_PLACED) :] for k in counters if k.startswith(_PLACED)]
+    traffic = None
+    if "iterations" in counters:
+        restarts = {k[len(_RESTARTS) :]: v for k, v in counters.items() if k.startswith(_RESTARTS)}
+        traffic = {
+            "iterations": counters["iterations"],
+            "bytes": counters["bytes"],
+            "bytes_per_iteration": counters["bytes"] / max(counters["iterations"], 1),
+            "worker_restarts": restarts,
+            "placement": _placement(nodes),
+        }
+    first_ms = min((d.min for d in first if d is not None and d.count), default=None)
+    return EngineMetrics(
+        phases=phases,
+        traffic=traffic,
+        first_record_at=None if first_ms is None else first_ms / 1000,
+    )
 
 
-def engine_traffic(job_id: str) -> dict | None:
-    """Bytes per iteration between Ray workers, summed over the job's engines, their
-    actors' restarts, and where the roles ran (``placement``)."""
-    engines = [e for e in _ENGINES.get(job_id, []) if hasattr(e, "traffic")]
-    if not engines:
-        return None
-    totals = [e.traffic() for e in engines]
-    iterations = sum(t["iterations"] for t in totals)
-    n_bytes = sum(t["bytes"] for t in totals)
-    restarts: dict[str, int] = {}  # Ray restarts of each actor (workers.recovery)
-    for engine in engines:
-        for role, count in engine.restarts().items():
-            restarts[role] = restarts.get(role, 0) + count
-    return {
-        "iterations": iterations,
-        "bytes": n_bytes,
-        "bytes_per_iteration": n_bytes / max(iterations, 1),
-        "worker_restarts": restarts,
-        "placement": _placement([e.placement() for e in engines]),
-    }
+def _value(result):
+    """A metric's committed value where the runner keeps one, else its attempted one."""
+    try:
+        committed = result.committed
+    except Exception:  # runners that do not commit metrics raise
+        committed = None
+    return result.attempted if committed is None else committed
 
 
-def _placement(placements: list[dict[str, str | None]]) -> dict:
-    """role -> node id where every engine put that role alike, else role -> the node ids
-    of the job's engines (None: an actor that was gone)."""
+def _placement(entries: list[str]) -> dict:
+    """``ROLE=NODE`` entries -> role -> the node id where the job's engines ran that
+    role, or the sorted node ids where it ran on several (None: an actor that was
+    gone when it was asked)."""
+    nodes: dict[str, set[str | None]] = {}
+    for entry in entries:
+        role, _, node = entry.partition("=")
+        nodes.setdefault(role, set()).add(None if node == "None" else node)
     merged = {}
-    for role in placements[0]:
-        nodes = sorted({p[role] for p in placements}, key=str)
-        merged[role] = nodes[0] if len(nodes) == 1 else nodes
+    for role, found in sorted(nodes.items()):
+        found_nodes = sorted(found, key=str)
+        merged[role] = found_nodes[0] if len(found_nodes) == 1 else found_nodes
     return merged
 
 
+# ------------------------------------------------------------------------ engines
+
+_ENGINES: dict[str, list[Any]] = {}  # job id -> engines this process built (to close them)
+_ENGINES_LOCK = threading.Lock()
+
+
 def close_engines(job_id: str) -> None:
-    """Closes (for Ray: kills the actors of) every engine the job built here."""
+    """Closes (for Ray: kills the actors of) every engine the job built in this process.
+    Engines built in Beam worker processes end with those processes."""
     with _ENGINES_LOCK:
         engines = _ENGINES.pop(job_id, [])
     for engine in engines:
@@ -145,8 +211,9 @@ class SpeculativeModelHandler(ModelHandler):
     """RunInference handler: the "model" is an engine; a batch is a list of Tokenized.
 
     ``load_model`` builds the engine that ``engine`` describes (Ray actors or in-process,
-    :func:`workers.engine.build_engine`), registered under ``job_id`` so the job can
-    read its traffic and close it. ``run_inference`` returns one :class:`Decoded` per
+    :func:`workers.engine.build_engine`), registered under ``job_id`` so that the job
+    closes it, and wrapped in a :class:`MeteredEngine` that reports its traffic as Beam
+    metrics after every batch. ``run_inference`` returns one :class:`Decoded` per
     record, or a dead letter for a record the engine failed on (a failed batch is
     retried record by record, so one bad record costs only itself).
     """
@@ -182,8 +249,7 @@ class SpeculativeModelHandler(ModelHandler):
         )
         with _ENGINES_LOCK:
             _ENGINES.setdefault(self.job_id, []).append(engine)
-        add_phase(self.job_id, "engine_start", time.perf_counter() - start)
-        return engine
+        return MeteredEngine(engine, start_s=time.perf_counter() - start)
 
     def run_inference(
         self, batch, model, inference_args=None
@@ -202,7 +268,11 @@ class SpeculativeModelHandler(ModelHandler):
             )
             results = [self._decode_one(item, model) for item in items]
         if any(isinstance(result, Decoded) for result in results):
-            _FIRST_RECORD.setdefault(self.job_id, time.time())
+            Metrics.distribution(METRICS, "first_record_ms").update(round(time.time() * 1000))
+        try:
+            model.report()
+        except Exception as error:  # figures only: never costs a decoded record
+            print(f"  could not read the engine's traffic ({error})", file=sys.stderr, flush=True)
         self._progress.update(len(items))
         return results
 
@@ -221,15 +291,15 @@ class SpeculativeModelHandler(ModelHandler):
         if self.warmup:
             start = time.perf_counter()
             self._warm_up(requests, engine)
-            add_phase(self.job_id, "warmup", time.perf_counter() - start)
+            add_phase("warmup", time.perf_counter() - start)
         start = time.perf_counter()
         generations = engine.generate(requests)
-        add_phase(self.job_id, "decode", time.perf_counter() - start)
+        add_phase("decode", time.perf_counter() - start)
         baselines = None
         if self.compare_baseline:
             start = time.perf_counter()
             baselines = engine.generate_baseline(requests)
-            add_phase(self.job_id, "baseline", time.perf_counter() - start)
+            add_phase("baseline", time.perf_counter() - start)
         batch_id = uuid.uuid4().hex[:12]
         return [
             Decoded(

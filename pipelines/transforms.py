@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import apache_beam as beam
 from apache_beam.ml.inference.base import RunInference
+from apache_beam.runners.runner import PipelineState
 
 from pipelines import part_files, record_io, text
 from pipelines.inference import Decoded, SpeculativeModelHandler, Tokenized
@@ -192,14 +193,34 @@ def pipeline_options(beam_args: Sequence[str]):
     return FnApiRunner(), options
 
 
+def engine_copies(beam_args: Sequence[str]) -> int:
+    """How many engines the pipeline builds: one per Beam worker process of the direct
+    runner's ``multi_processing`` mode (``--direct_num_workers``, 0 = one per core), else
+    one (threads of one process share an engine)."""
+    import os
+
+    from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
+
+    direct = PipelineOptions(list(beam_args)).view_as(DirectOptions)
+    if direct.direct_running_mode != "multi_processing":
+        return 1
+    return direct.direct_num_workers or os.cpu_count() or 1
+
+
 def run_pipeline(
     records, *, job: JobConfig, handler: SpeculativeModelHandler, parts: str | None = None
-) -> None:
-    """Builds and runs the pipeline to completion (rows into the ``parts`` folder)."""
+):
+    """Builds and runs the pipeline to completion (rows into the ``parts`` folder);
+    returns its finished ``PipelineResult`` (read by :func:`pipelines.inference.read_metrics`)."""
     runner, options = pipeline_options(job.beam_args)
     for path in (job.output, job.dead_letter):
         parent = pathlib.Path(path).parent
         if "://" not in path and not parent.is_dir():
             parent.mkdir(parents=True, exist_ok=True)
-    with beam.Pipeline(runner=runner, options=options) as pipeline:
-        build_pipeline(pipeline, records, job=job, handler=handler, parts=parts)
+    pipeline = beam.Pipeline(runner=runner, options=options)
+    build_pipeline(pipeline, records, job=job, handler=handler, parts=parts)
+    result = pipeline.run()
+    state = result.wait_until_finish()
+    if state != PipelineState.DONE:
+        raise RuntimeError(f"the Beam pipeline ended in state {state}")
+    return result

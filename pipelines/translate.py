@@ -43,15 +43,14 @@ from typing import Any
 
 from pipelines import job_report, part_files, record_io, text
 from pipelines.inference import (
+    EngineMetrics,
     SpeculativeModelHandler,
     close_engines,
-    engine_traffic,
-    first_record_s,
     process_started_at,
-    time_breakdown,
+    read_metrics,
 )
 from pipelines.model_resolver import DEFAULT_DRAFT, DEFAULT_GAMMA, DEFAULT_TARGET, ResolvedModel
-from pipelines.transforms import run_pipeline
+from pipelines.transforms import engine_copies, run_pipeline
 from workers.batching import DecodeSettings
 from workers.engine import EngineConfig
 
@@ -159,10 +158,12 @@ def run_job(job: JobConfig) -> dict[str, Any]:
             flush=True,
         )
     if job.engine.kind == "ray" and todo:
-        from workers.coordinator import ensure_ray
+        from workers.coordinator import ensure_ray, ray_cpus
 
         start = time.perf_counter()
-        ensure_ray(job.engine.ray_address)  # before any JAX computation in this process
+        # before any JAX computation in this process; a local instance gets a CPU per
+        # model worker of every engine the pipeline builds (one per Beam worker process)
+        ensure_ray(job.engine.ray_address, num_cpus=ray_cpus(engine_copies(job.beam_args)))
         phases["ray_start"] = time.perf_counter() - start
     tracking_uri = job.tracking_uri or tracking.default_tracking_uri()
     summary_path = job.summary_json or default_summary_path(job.output)
@@ -178,11 +179,15 @@ def run_job(job: JobConfig) -> dict[str, Any]:
         phases["mlflow"] = time.perf_counter() - started
         job_id = run.run_id or uuid.uuid4().hex
         pipeline_start = time.perf_counter()
-        traffic = _run_and_close(todo, job=job, job_id=job_id, parts=parts) if todo else None
+        engines = _run_and_close(todo, job=job, job_id=job_id, parts=parts) if todo else None
         in_pipeline = time.perf_counter() - pipeline_start
-        phases |= time_breakdown(job_id)
-        phases["beam_io"] = in_pipeline - sum(
-            phases.get(k, 0.0) for k in ("engine_start", "warmup", "decode", "baseline")
+        traffic = engines.traffic if engines else None
+        phases |= engines.phases if engines else {}
+        # the rest of the pipeline's wall time (0 where worker processes decoded in parallel)
+        phases["beam_io"] = max(
+            in_pipeline
+            - sum(phases.get(k, 0.0) for k in ("engine_start", "warmup", "decode", "baseline")),
+            0.0,
         )
         report_start = time.perf_counter()
         part_files.assemble(
@@ -205,7 +210,11 @@ def run_job(job: JobConfig) -> dict[str, Any]:
             "worker_restarts": traffic["worker_restarts"] if traffic else None,
             "placement": traffic["placement"] if traffic else None,  # Ray node per role
             "job_s": time.perf_counter() - started,
-            "first_record_s": first_record_s(job_id),
+            "first_record_s": (
+                engines.first_record_at - process_started_at()
+                if engines and engines.first_record_at is not None
+                else None
+            ),
             "time_breakdown": phases,
             "output": job.output,
             "dead_letter": job.dead_letter,
@@ -242,14 +251,14 @@ def resume_settings(job: JobConfig) -> dict[str, Any]:
     return params | {"output": job.output, "dead_letter": job.dead_letter}
 
 
-def _run_and_close(records, *, job: JobConfig, job_id: str, parts: str) -> dict | None:
-    """Runs the pipeline; reads the engines' traffic and closes them, even on failure
-    (which raises record_io.JobFailed)."""
+def _run_and_close(records, *, job: JobConfig, job_id: str, parts: str) -> EngineMetrics:
+    """Runs the pipeline and returns what its engines reported; closes the engines built
+    in this process, even on failure (which raises record_io.JobFailed)."""
     handler = SpeculativeModelHandler(
         target=job.target.spec,
         draft=job.draft.spec,
         settings=job.settings,
-        engine=job.engine,
+        engine=_joinable(job.engine),
         compare_baseline=job.compare_baseline,
         job_id=job_id,
         warmup=job.warmup,
@@ -257,8 +266,7 @@ def _run_and_close(records, *, job: JobConfig, job_id: str, parts: str) -> dict 
         progress=job.progress,
     )
     try:
-        run_pipeline(records, job=job, handler=handler, parts=parts)
-        return engine_traffic(job_id)
+        return read_metrics(run_pipeline(records, job=job, handler=handler, parts=parts))
     except Exception as error:
         raise record_io.JobFailed(
             f"the pipeline failed ({type(error).__name__}: {error}); the records it finished "
@@ -266,6 +274,17 @@ def _run_and_close(records, *, job: JobConfig, job_id: str, parts: str) -> dict 
         ) from error
     finally:
         close_engines(job_id)
+
+
+def _joinable(engine: EngineConfig) -> EngineConfig:
+    """The engine config with the address of the Ray instance this process runs, so that
+    Beam worker processes (multi_processing, remote runners) join it instead of each
+    starting their own."""
+    if engine.kind != "ray" or engine.ray_address:
+        return engine
+    import ray
+
+    return dataclasses.replace(engine, ray_address=ray.get_runtime_context().gcs_address)
 
 
 def make_job(

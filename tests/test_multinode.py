@@ -69,14 +69,14 @@ def test_role_options_ask_for_a_share_of_an_offered_role_resource():
 
 
 def test_placement_of_several_engines():
-    one = {"target": "a", "draft": "b"}
-    assert inference._placement([one, dict(one)]) == one
-    assert inference._placement([one, {"target": "c", "draft": "b"}]) == {
+    one = ["target=a", "draft=b"]
+    assert inference._placement(one + one) == {"target": "a", "draft": "b"}
+    assert inference._placement([*one, "target=c", "draft=b"]) == {
         "target": ["a", "c"],
         "draft": "b",
     }
-    gone = {"target": None, "draft": "b"}  # an actor that did not answer
-    assert inference._placement([gone, one])["target"] == [None, "a"]
+    gone = ["target=None", "draft=b"]  # an actor that did not answer
+    assert inference._placement([*gone, *one])["target"] == [None, "a"]
 
 
 def test_actor_node_id_reads_the_node_inside_the_actor_and_none_when_gone(ray_local):

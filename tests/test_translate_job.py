@@ -289,6 +289,44 @@ def test_ray_workers_give_the_inprocess_outputs(ray_local, run_job, temperature)
     assert 0 < ray_job.summary["bytes_per_iteration"] < GAMMA * BATCH * 8000 * 4
 
 
+MULTI_PROCESS = ("--", "--direct_num_workers", "2", "--direct_running_mode", "multi_processing")
+
+
+def _assert_same_records(job: JobRun, expected: JobRun) -> None:
+    assert job.code == 0 and job.dead == []
+    assert sorted(job.rows) == sorted(expected.rows)
+    for record_id, row in expected.rows.items():
+        other = job.rows[record_id]
+        assert (other["output_ids"], other["iterations"], other["accepted"]) == (
+            row["output_ids"],
+            row["iterations"],
+            row["accepted"],
+        ), record_id
+
+
+def test_beam_worker_processes_give_the_single_process_outputs(run_job):
+    """Beam's multi-process mode: each worker process builds its own engine (in
+    DoFn.setup), and what the engines did comes back as Beam metrics."""
+    expected = run_job("inprocess", 1.0)
+    job = run_job("inprocess", 1.0, *MULTI_PROCESS)
+    _assert_same_records(job, expected)
+    phases = job.summary["time_breakdown"]
+    assert phases["engine_start"] > 0 and phases["decode"] > 0, phases  # from the workers
+    assert 0 < job.summary["first_record_s"] < job.summary["job_s"] + phases["startup"] + 60
+
+
+@pytest.mark.slow
+def test_beam_worker_processes_join_the_jobs_ray_instance(ray_local, run_job):
+    expected = run_job("inprocess", 1.0)
+    job = run_job("ray", 1.0, *MULTI_PROCESS)
+    _assert_same_records(job, expected)
+    assert 0 < job.summary["bytes_per_iteration"] < GAMMA * BATCH * 8000 * 4
+    assert set(job.summary["placement"]) == {"target", "draft"}
+    node = ray_local.get_runtime_context().get_node_id()
+    assert set(job.summary["placement"].values()) == {node}  # one node: both engines there
+    assert job.summary["worker_restarts"] == {"target": 0, "draft": 0, "coordinator": 0}
+
+
 def test_bad_lines_are_dead_letters_and_no_id_is_lost(workdir, models, tracking_uri):
     good = [en for en, _ in SENTENCES[:5]]
     lines = [good[0].encode(), b"", good[1].encode(), b"caf\xe9 au lait", good[2].encode(),
@@ -519,7 +557,7 @@ def test_an_engine_error_costs_only_the_failing_record():
         inference.Tokenized(record=record_io.Record(id=i, source=i, line=n), encoder_tokens=(7, 1))
         for n, i in enumerate(["ok1", "bad", "ok2"], start=1)
     ]
-    results = handler.run_inference(items, _FakeEngine())
+    results = handler.run_inference(items, inference.MeteredEngine(_FakeEngine(), start_s=0.0))
     assert [type(r).__name__ for r in results] == ["Decoded", "DeadLetter", "Decoded"]
     assert (results[1].id, results[1].reason, results[1].detail) == (
         "bad",

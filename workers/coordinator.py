@@ -313,6 +313,13 @@ class SpeculativeCoordinator(recovery.Restartable):
         }
 
 
+def ray_cpus(engines: int = 1) -> int:
+    """CPUs a local Ray instance offers for ``engines`` engines: one per model worker
+    (the target and the draft; the coordinator takes none), at least this machine's
+    cores and 3."""
+    return max(os.cpu_count() or 2, 3, 2 * engines)
+
+
 def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:
     """Starts a local Ray instance (or joins ``address``) unless one is running."""
     import ray
@@ -327,7 +334,7 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> No
     if address:
         ray.init(address=address, **kwargs)
     else:
-        ray.init(num_cpus=num_cpus or max(os.cpu_count() or 2, 3), **kwargs)
+        ray.init(num_cpus=num_cpus or ray_cpus(), **kwargs)
 
 
 class RayEngine:
