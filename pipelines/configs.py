@@ -12,6 +12,10 @@ the key and the file)::
     checkpoint: {...}            # CheckpointConfig
     teacher: null                # distillation teacher: a model YAML or a T5X checkpoint
                                  # folder (which then needs teacher_config: a model YAML)
+    worker: {...}                # WorkerConfig: the Ray resources and environment of the
+                                 # model's worker (num_cpus, num_gpus, resources, env)
+    mesh: {data: 1, model: 8}    # MeshConfig: the model's worker shards its params and
+                                 # caches over data*model devices (specdec_core.sharding)
 
 Relative paths (data, vocabulary, checkpoints, teacher) are relative to the repository
 root, so a config means the same thing from any working directory.
@@ -97,6 +101,32 @@ class CheckpointConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    """Where Ray places the model's worker (``num_gpus``, ``resources: {TPU: 4}`` on a
+    slice) and the environment variables of its process (Ray ``runtime_env``; e.g.
+    ``XLA_FLAGS`` for host CPU devices)."""
+
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    resources: dict[str, float] = dataclasses.field(default_factory=dict)
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeshConfig:
+    """A ``data × model`` device mesh (T5X's 1-D partitioning: heads, MLP units and the
+    vocabulary over ``model``, rows over ``data``)."""
+
+    data: int = 1
+    model: int = 1
+
+    def __post_init__(self):
+        for axis in ("data", "model"):
+            if getattr(self, axis) < 1:
+                raise ValueError(f"mesh.{axis} must be >= 1, got {getattr(self, axis)}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelFileConfig:
     """One parsed ``configs/models/<name>.yaml``."""
 
@@ -109,6 +139,8 @@ class ModelFileConfig:
     teacher: str | None  # a model YAML or a checkpoint folder (resolved path), or None
     teacher_config: str | None  # model YAML for a checkpoint-folder teacher
     path: str  # the file this came from
+    worker: WorkerConfig = dataclasses.field(default_factory=WorkerConfig)
+    mesh: MeshConfig | None = None  # None: the model's worker uses one device
 
     @property
     def train_dir(self) -> pathlib.Path:
@@ -144,6 +176,16 @@ def _coerce(value: Any, annotation: Any, *, key: str, file: str) -> Any:
         if not isinstance(value, list | tuple):
             raise ConfigError(f"{file}: {key} must be a list, got {value!r}")
         return tuple(value)
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{file}: {key} must be a mapping, got {value!r}")
+        key_type, value_type = typing.get_args(hint)
+        return {
+            _coerce(k, key_type, key=f"{key} key", file=file): _coerce(
+                v, value_type, key=f"{key}.{k}", file=file
+            )
+            for k, v in value.items()
+        }
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if hint in (int, float, str, bool) and not (
@@ -173,7 +215,7 @@ def build_dataclass(cls: type, values: Mapping[str, Any] | None, *, section: str
 
 
 TOP_LEVEL_KEYS = ("name", "family", "model", "data", "train", "checkpoint", "teacher")
-TOP_LEVEL_KEYS += ("teacher_config",)
+TOP_LEVEL_KEYS += ("teacher_config", "worker", "mesh")
 
 
 def apply_overrides(raw: dict, overrides: Sequence[str], *, file: str) -> dict:
@@ -237,6 +279,12 @@ def load_model_config(path: str | pathlib.Path, overrides: Sequence[str] = ()) -
         teacher=str(resolve(teacher)) if teacher else None,
         teacher_config=str(resolve(teacher_config)) if teacher_config else None,
         path=file,
+        worker=build_dataclass(WorkerConfig, raw.get("worker"), section="worker", file=file),
+        mesh=(
+            build_dataclass(MeshConfig, raw["mesh"], section="mesh", file=file)
+            if raw.get("mesh") is not None
+            else None
+        ),
     )
 
 

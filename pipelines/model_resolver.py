@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from workers.spec import ModelSpec, check_shared_vocabulary
+from workers.spec import ModelSpec, Placement, check_shared_vocabulary
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs" / "models"
@@ -137,15 +137,23 @@ def _from_config_file(path: pathlib.Path, *, role: str, allow_random_init: bool)
     if random_init and not allow_random_init:
         raise ModelResolutionError(
             f"--{role}: model {model_file.name!r} ({model_file.path}) has no checkpoint at "
-            f"{checkpoint}; train it with `python -m pipelines.train --config {model_file.path}` "
+            f"{checkpoint}; train it with `specdec train --config {model_file.path}` "
             "(or pass --allow-random-init to run untrained weights, for tests only)"
         )
+    worker, mesh = model_file.worker, model_file.mesh
     spec = ModelSpec(
         name=model_file.name,
         family=model_file.family,
         config=model_file.model,
         checkpoint=None if random_init else str(checkpoint),
         init_seed=0,
+        placement=Placement(
+            num_cpus=worker.num_cpus,
+            num_gpus=worker.num_gpus,
+            resources=tuple(sorted(worker.resources.items())),
+            env=tuple(sorted(worker.env.items())),
+        ),
+        mesh=None if mesh is None else (mesh.data, mesh.model),
     )
     vocab = str(configs.resolve(model_file.data.vocab_path))
     return ResolvedModel(

@@ -52,7 +52,7 @@ from pipelines.inference import (
 from pipelines.model_resolver import DEFAULT_DRAFT, DEFAULT_GAMMA, DEFAULT_TARGET, ResolvedModel
 from pipelines.transforms import engine_copies, run_pipeline
 from workers.batching import DecodeSettings
-from workers.engine import EngineConfig
+from workers.engine import EngineConfig, check_models
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -158,7 +158,7 @@ def run_job(job: JobConfig) -> dict[str, Any]:
             flush=True,
         )
     if job.engine.kind == "ray" and todo:
-        from workers.coordinator import ensure_ray, ray_cpus
+        from workers.spec import ensure_ray, ray_cpus
 
         start = time.perf_counter()
         # before any JAX computation in this process; a local instance gets a CPU per
@@ -336,6 +336,7 @@ def make_job(
     vocab_path = str(vocab or resolved["target"].vocab_path or model_resolver.DEFAULT_VOCAB)
     pieces = text.sentencepiece(vocab_path).get_piece_size()
     model_resolver.check_pair(resolved["target"], resolved["draft"], vocab_size=pieces)
+    check_models(engine, target=resolved["target"].spec, draft=resolved["draft"].spec)
     settings = DecodeSettings(
         gamma=engine.max_gamma,
         sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p),

@@ -72,7 +72,15 @@ def make_mesh(*, data: int, model: int, devices: Sequence[jax.Device] | None = N
     """A ``data × model`` mesh over the first data*model devices (default: jax.devices())."""
     devices = list(jax.devices() if devices is None else devices)
     if len(devices) < data * model:
-        raise ValueError(f"mesh {data}x{model} needs {data * model} devices, have {len(devices)}")
+        hint = ""
+        if devices and devices[0].platform == "cpu":
+            hint = (
+                f"; on CPU, set XLA_FLAGS=--xla_force_host_platform_device_count={data * model} "
+                "in the process's environment before JAX starts (a model YAML's worker.env)"
+            )
+        raise ValueError(
+            f"mesh {data}x{model} needs {data * model} devices, have {len(devices)}{hint}"
+        )
     return Mesh(np.asarray(devices[: data * model]).reshape(data, model), MESH_AXES)
 
 

@@ -52,7 +52,7 @@ def shared_testdata() -> pathlib.Path:
 def ray_local():
     """One local Ray instance for the whole test session (ray.init takes seconds)."""
     ray = pytest.importorskip("ray")
-    from workers.coordinator import ensure_ray
+    from workers.spec import ensure_ray
 
     ensure_ray(num_cpus=4)
     yield ray

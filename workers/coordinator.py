@@ -27,7 +27,6 @@ keeps dying fails the batch with :class:`~workers.recovery.WorkerLost`.
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 import time
 import uuid
@@ -40,7 +39,7 @@ from workers import recovery, spec, wire
 from workers.batching import DecodeSettings, Generation, PackedBatch, Request, pack, unpack
 from workers.channel import ChannelClient, ChannelClosed, new_secret
 from workers.engine import EngineConfig
-from workers.spec import DEFAULT_TRANSPORT, ModelSpec, check_shared_vocabulary
+from workers.spec import DEFAULT_TRANSPORT, ModelSpec, check_shared_vocabulary, ensure_ray
 
 
 class SpeculativeCoordinator(recovery.Restartable):
@@ -311,30 +310,6 @@ class SpeculativeCoordinator(recovery.Restartable):
             "bytes_per_iteration": self.traffic_bytes / max(self.iterations, 1),
             "resumes": self.resumes,
         }
-
-
-def ray_cpus(engines: int = 1) -> int:
-    """CPUs a local Ray instance offers for ``engines`` engines: one per model worker
-    (the target and the draft; the coordinator takes none), at least this machine's
-    cores and 3."""
-    return max(os.cpu_count() or 2, 3, 2 * engines)
-
-
-def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:
-    """Starts a local Ray instance (or joins ``address``) unless one is running."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    # Ray starts workers at nice 15; its own daemons and the driver then preempt the
-    # model compute at every wake-up. The workers are this job's work: normal priority.
-    os.environ.setdefault("RAY_worker_niceness", "0")
-    kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
-    if address:
-        ray.init(address=address, **kwargs)
-    else:
-        ray.init(num_cpus=num_cpus or ray_cpus(), **kwargs)
 
 
 class RayEngine:

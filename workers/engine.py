@@ -104,6 +104,7 @@ def build_engine(
     """The engine ``config`` describes over two ModelSpecs. With ``gamma="auto"`` an
     :class:`workers.gamma.AdaptiveGamma` chooses γ per batch in 0..``settings.gamma``
     (``warm_up``: a shape's first batch is decoded once untimed before it is timed)."""
+    check_models(config, target=target, draft=draft)
     policy = None
     if config.adaptive:
         from workers.gamma import AdaptiveGamma
@@ -114,6 +115,19 @@ def build_engine(
 
         return RayEngine(target, draft, settings, config=config, gamma_policy=policy)
     return InProcessEngine(_bound_model(target), _bound_model(draft), settings, gamma_policy=policy)
+
+
+def check_models(config: EngineConfig, *, target: ModelSpec, draft: ModelSpec) -> None:
+    """A model with a ``mesh`` runs in a Ray worker of its own: in-process, both models
+    share one process and one compiled loop. Raises ValueError naming the model."""
+    if config.kind == "ray":
+        return
+    for role, spec in (("target", target), ("draft", draft)):
+        if spec.mesh is not None:
+            raise ValueError(
+                f"--{role} {spec.name!r} has a mesh ({spec.mesh[0]}x{spec.mesh[1]}): a sharded "
+                "model runs in a Ray worker of its own; use --workers ray"
+            )
 
 
 def _checkpoint_version(spec: ModelSpec) -> int | None:

@@ -114,6 +114,14 @@ class ModelWorker(recovery.Restartable):
             checkpoint=spec.checkpoint,
             init_seed=spec.init_seed,
         )
+        self.mesh = None
+        if spec.mesh is not None:  # the model on a slice (e.g. mesh: {data: 1, model: 8})
+            from specdec_core import sharding
+            from specdec_core.models.bound import on_mesh
+
+            data, model = spec.mesh
+            self.mesh = sharding.make_mesh(data=data, model=model)
+            self.model = on_mesh(self.model, self.mesh)
         self._caches: dict[str, Any] = {}
         self._proposals: dict[str, tuple[jax.Array, jax.Array]] = {}  # tokens, full q
         self._channel = None
@@ -134,11 +142,17 @@ class ModelWorker(recovery.Restartable):
         return self._channel.address
 
     def info(self) -> dict:
+        """The model's name, family, vocabulary and size; its mesh (None: one device),
+        the devices its params live on and how many of its param arrays are split."""
+        leaves = jax.tree.leaves(self.model.params)
         return {
             "name": self.model.name,
             "family": self.model.family,
             "vocab_size": self.model.vocab_size,
             "params": self.model.param_count(),
+            "mesh": None if self.mesh is None else dict(self.mesh.shape),
+            "param_devices": len({d for leaf in leaves for d in leaf.devices()}),
+            "sharded_params": sum(not leaf.sharding.is_fully_replicated for leaf in leaves),
         }
 
     def start(

@@ -1,8 +1,10 @@
-"""What a worker needs to build its model, and where Ray should place it."""
+"""What a worker needs to build its model, where Ray should place it, and the local Ray
+instance a job starts."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,11 +34,14 @@ class Placement:
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     resources: tuple[tuple[str, float], ...] = ()  # custom resources, e.g. (("TPU", 4),)
+    env: tuple[tuple[str, str], ...] = ()  # environment variables of the worker's process
 
     def ray_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
         if self.resources:
             options["resources"] = dict(self.resources)
+        if self.env:
+            options["runtime_env"] = {"env_vars": dict(self.env)}
         return options
 
 
@@ -84,6 +89,7 @@ class ModelSpec:
     checkpoint: str | None = None  # T5X checkpoint folder; None: random init (tests)
     init_seed: int = 0
     placement: Placement = dataclasses.field(default_factory=Placement)
+    mesh: tuple[int, int] | None = None  # (data, model): the worker shards params and caches
 
 
 def check_shared_vocabulary(
@@ -95,3 +101,27 @@ def check_shared_vocabulary(
             f"draft {draft_name!r} has vocab_size {draft_vocab} but target "
             f"{target_name!r} has {target_vocab}: they must share a vocabulary"
         )
+
+
+def ray_cpus(engines: int = 1) -> int:
+    """CPUs a local Ray instance offers for ``engines`` engines: one per model worker
+    (the target and the draft; the coordinator takes none), at least this machine's
+    cores and 3."""
+    return max(os.cpu_count() or 2, 3, 2 * engines)
+
+
+def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:
+    """Starts a local Ray instance (or joins ``address``) unless one is running."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Ray starts workers at nice 15; its own daemons and the driver then preempt the
+    # model compute at every wake-up. The workers are this job's work: normal priority.
+    os.environ.setdefault("RAY_worker_niceness", "0")
+    kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        ray.init(num_cpus=num_cpus or ray_cpus(), **kwargs)

@@ -61,3 +61,26 @@ def load_model(
     Family ``"copy"`` is the copy draft (:mod:`specdec_core.models.prompt_lookup`): its
     config is a ``PromptLookupConfig``, whose backoff draft (if any) is loaded here too."""
     return families.get(family).load(name, config, checkpoint=checkpoint, init_seed=init_seed)
+
+
+def on_mesh(model: BoundModel, mesh: jax.sharding.Mesh) -> BoundModel:
+    """``model`` with its params sharded over ``mesh`` and every new cache placed on it,
+    per :mod:`specdec_core.sharding`'s rules (heads, MLP units, vocabulary over
+    ``model``; rows over ``data``). Same function, same tokens: only where the arrays
+    live changes. Families with checkpoint params only."""
+    from specdec_core import sharding
+
+    family = families.get(model.family)
+    if family.weights != "checkpoint":
+        raise ValueError(
+            f"model {model.name!r} (family {model.family!r}) has no params to shard: "
+            "a mesh is for models with checkpoint params"
+        )
+    sharded = bind(
+        model.name, model.family, model.config, sharding.shard_params(model.params, mesh)
+    )
+
+    def new_cache(encoder_tokens, batch_size: int, max_len: int):
+        return sharding.shard_cache(sharded.new_cache(encoder_tokens, batch_size, max_len), mesh)
+
+    return dataclasses.replace(sharded, new_cache=new_cache)
