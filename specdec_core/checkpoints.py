@@ -12,7 +12,9 @@ T5X layouts read by ``load_t5x`` (all return the ``target`` params tree with T5X
 
 ``save_t5x`` writes the classic tensorstore layout. ``import_hf_t5`` maps a
 ``T5ForConditionalGeneration`` state dict (torch tensors, numpy arrays or a safetensors
-file/folder) into the same tree; ``import_hf_gpt2`` maps ``GPT2LMHeadModel`` into the
+file/folder) into the same tree and ``export_hf_t5`` / ``hf_t5_config`` / ``hf_t5_model``
+go back (one name table for both directions; torch and transformers are imported only
+inside those functions); ``import_hf_gpt2`` maps ``GPT2LMHeadModel`` into the
 gpt tree of ``specdec_core.models.decoder``. Nothing here unpickles anything: msgpack, zarr and
 safetensors only. Every failure raises ``CheckpointError`` naming the path and, where
 there is one, the parameter.
@@ -20,6 +22,7 @@ there is one, the parameter.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -345,20 +348,54 @@ def import_hf_t5(state_dict_or_path) -> dict:
     Linear weights [out, in] become kernels [in, out]; relative attention biases
     [num_buckets, H] become ``rel_embedding`` [H, num_buckets]; ``lm_head`` becomes
     ``decoder/logits_dense`` (absent when the checkpoint ties it to ``shared``: then use
-    ``logits_via_embedding=True``). Layer counts come from the names present.
+    ``logits_via_embedding=True``). Layer counts and MLP names come from the names
+    present. The names are :func:`_hf_t5_layout`'s, shared with :func:`export_hf_t5`.
     """
     tensors, source = _load_state_dict(state_dict_or_path)
     take, used = _taker(tensors, source)
-    params = {
-        "token_embedder": {"embedding": take("shared.weight", transpose=False)},
-        "encoder": _hf_t5_stack(take, tensors, "encoder"),
-        "decoder": _hf_t5_stack(take, tensors, "decoder"),
-    }
-    if "lm_head.weight" in tensors:
-        params["decoder"]["logits_dense"] = {"kernel": take("lm_head.weight")}
-    ignorable = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
-    _check_all_used(tensors, used, source, ignorable)
+    mlp = "encoder.block.0.layer.1.DenseReluDense"
+    layout = _hf_t5_layout(
+        encoder_layers=_hf_block_count(tensors, "encoder", source=source),
+        decoder_layers=_hf_block_count(tensors, "decoder", source=source),
+        mlp=[name for name in _HF_MLP if f"{mlp}.{name}.weight" in tensors],
+        tied="lm_head.weight" not in tensors,
+    )
+    params = _unflatten({path: take(hf, transpose=t) for path, hf, t in layout})
+    _check_all_used(tensors, used, source, _HF_T5_TIED_INPUTS)
     return params
+
+
+def export_hf_t5(params: Mapping, config) -> dict[str, np.ndarray]:
+    """T5X params tree of ``config`` (a ``t5.T5Config``) -> a HuggingFace
+    ``T5ForConditionalGeneration`` state dict of float32 numpy arrays.
+
+    The exact inverse of :func:`import_hf_t5` (the same name table): kernels [in, out]
+    become Linear weights [out, in], ``rel_embedding`` [H, buckets] becomes
+    ``relative_attention_bias.weight`` [buckets, H], ``decoder/logits_dense`` becomes
+    ``lm_head.weight``. Tied logits (``logits_via_embedding``) write ``shared.weight``
+    only, as HF's ``save_pretrained`` does; the inputs' ``embed_tokens`` are never
+    written (HF ties them to ``shared``). Build the model with :func:`hf_t5_model`.
+    Raises ValueError when HF T5 cannot express ``config`` (:func:`hf_t5_config`) and
+    ``CheckpointError`` (a ValueError) when ``params`` does not fit ``config``.
+    """
+    from specdec_core.models import layers, t5
+
+    _hf_feed_forward(config.mlp_activations)  # fails before anything is copied
+    like = jax.eval_shape(functools.partial(t5.init_params, config), jax.random.key(0))
+    check_params(params, like)
+    flat = _flatten(params)
+    layout = _hf_t5_layout(
+        encoder_layers=config.num_encoder_layers,
+        decoder_layers=config.num_decoder_layers,
+        mlp=[*layers.mlp_input_names(config.mlp_activations), "wo"],
+        tied=config.logits_via_embedding,
+    )
+    return {hf: _hf_array(flat[path], transpose=t) for path, hf, t in layout}
+
+
+def _hf_array(value, *, transpose: bool) -> np.ndarray:
+    array = np.asarray(jax.device_get(value), dtype=np.float32)
+    return np.array(array.T if transpose else array, order="C")  # a writable copy
 
 
 # HF T5 sublayers per block: (T5X block name, HF module name, T5X pre-norm name)
@@ -375,33 +412,53 @@ _HF_T5_SUBLAYERS = {
 }
 _HF_ATTENTION = (("query", "q"), ("key", "k"), ("value", "v"), ("out", "o"))
 _HF_MLP = ("wi_0", "wi_1", "wi", "wo")
+_HF_T5_FINAL_NORMS = {"encoder": "encoder_norm", "decoder": "decoder_norm"}
+_HF_T5_TIED_INPUTS = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+
+# (T5X key path, HF name, transposed): one entry per parameter, both directions
+HfT5Entry = tuple[tuple[str, ...], str, bool]
 
 
-def _hf_t5_stack(take, tensors: Mapping, stack: str) -> dict:
-    """One HF T5 stack (``encoder`` or ``decoder``) -> T5X's subtree."""
+def _hf_t5_layout(
+    *, encoder_layers: int, decoder_layers: int, mlp: Iterable[str], tied: bool
+) -> list[HfT5Entry]:
+    """Every parameter of a T5 as (T5X key path, HF name, transposed).
+
+    ``mlp``: the MLP's T5X names (``wi_0``, ``wi_1``, ``wo`` for gated-GELU), the same
+    in HF; ``tied``: no ``lm_head`` (logits via the shared embedding)."""
+    mlp = tuple(mlp)
+    entries = [(("token_embedder", "embedding"), "shared.weight", False)]
+    entries += _hf_t5_stack_layout("encoder", encoder_layers, mlp=mlp)
+    entries += _hf_t5_stack_layout("decoder", decoder_layers, mlp=mlp)
+    if not tied:
+        entries.append((("decoder", "logits_dense", "kernel"), "lm_head.weight", True))
+    return entries
+
+
+def _hf_t5_stack_layout(stack: str, num_layers: int, *, mlp: tuple[str, ...]) -> list[HfT5Entry]:
+    """One stack (``encoder`` or ``decoder``): its position bias, blocks and final norm."""
+    rel = f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
+    entries = [((stack, "relpos_bias", "rel_embedding"), rel, True)]  # [H, 32] <-> [32, H]
+    for i in range(num_layers):
+        ours = (stack, f"layers_{i}")
+        for sub, (t5x_name, hf_name, norm_name) in enumerate(_HF_T5_SUBLAYERS[stack]):
+            prefix = f"{stack}.block.{i}.layer.{sub}"
+            entries.append(((*ours, norm_name, "scale"), f"{prefix}.layer_norm.weight", False))
+            names = [(n, n) for n in mlp] if hf_name == "DenseReluDense" else _HF_ATTENTION
+            entries += [
+                ((*ours, t5x_name, name, "kernel"), f"{prefix}.{hf_name}.{theirs}.weight", True)
+                for name, theirs in names  # kernel [in, out] <-> weight [out, in]
+            ]
+    final = f"{stack}.final_layer_norm.weight"
+    entries.append(((stack, _HF_T5_FINAL_NORMS[stack], "scale"), final, False))
+    return entries
+
+
+def _hf_block_count(tensors: Mapping, stack: str, *, source: str) -> int:
     blocks = {m.group(1) for k in tensors if (m := re.match(rf"{stack}\.block\.(\d+)\.", k))}
     if not blocks:
-        raise CheckpointError("<state dict>", f"no {stack} blocks", param=f"{stack}.block.0")
-    rel = take(f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight")
-    tree = {"relpos_bias": {"rel_embedding": rel}}
-    for i in range(len(blocks)):
-        layer = {}
-        for sub, (t5x_name, hf_name, norm_name) in enumerate(_HF_T5_SUBLAYERS[stack]):
-            prefix = f"{stack}.block.{i}.layer.{sub}.{hf_name}"
-            norm = take(f"{stack}.block.{i}.layer.{sub}.layer_norm.weight", transpose=False)
-            layer[norm_name] = {"scale": norm}
-            if hf_name == "DenseReluDense":
-                present = [n for n in _HF_MLP if f"{prefix}.{n}.weight" in tensors]
-                layer[t5x_name] = {n: {"kernel": take(f"{prefix}.{n}.weight")} for n in present}
-            else:
-                layer[t5x_name] = {
-                    ours: {"kernel": take(f"{prefix}.{theirs}.weight")}
-                    for ours, theirs in _HF_ATTENTION
-                }
-        tree[f"layers_{i}"] = layer
-    final = take(f"{stack}.final_layer_norm.weight", transpose=False)
-    tree["encoder_norm" if stack == "encoder" else "decoder_norm"] = {"scale": final}
-    return tree
+        raise CheckpointError(source, f"no {stack} blocks", param=f"{stack}.block.0")
+    return len(blocks)
 
 
 # HF T5Config.feed_forward_proj -> T5X mlp_activations (HF's plain "gelu" is exact GELU)
@@ -411,6 +468,19 @@ _HF_FEED_FORWARD = {
     "relu": ("relu",),
     "gelu": ("gelu_exact",),
 }
+_ACTIVATION_SYNONYMS = {"gelu_new": "gelu", "swish": "silu"}  # layers.activation_fn's
+
+
+def _hf_feed_forward(activations: Iterable[str]) -> str:
+    """T5X ``mlp_activations`` -> HF ``feed_forward_proj`` (the inverse of the table)."""
+    wanted = tuple(_ACTIVATION_SYNONYMS.get(name, name) for name in activations)
+    for proj, ours in _HF_FEED_FORWARD.items():
+        if ours == wanted:
+            return proj
+    raise ValueError(
+        f"HF T5 cannot express mlp_activations {tuple(activations)}: its feed_forward_proj "
+        f"covers {', '.join(f'{ours} ({proj})' for proj, ours in _HF_FEED_FORWARD.items())}"
+    )
 
 
 def t5_config_from_hf(hf_config, *, logits_via_embedding: bool = False) -> Any:
@@ -445,6 +515,69 @@ def t5_config_from_hf(hf_config, *, logits_via_embedding: bool = False) -> Any:
         mlp_activations=activations,
         logits_via_embedding=logits_via_embedding,
     )
+
+
+def hf_t5_config(config) -> Any:
+    """A ``t5.T5Config`` -> ``transformers.T5Config`` (the inverse of
+    :func:`t5_config_from_hf`; imports transformers, the ``hf`` extra).
+
+    Relative attention buckets are ours (``t5.NUM_BUCKETS``, ``t5.MAX_DISTANCE``),
+    token ids T5's (decoder start = pad = 0, EOS = 1). ``tie_word_embeddings`` is
+    ``logits_via_embedding``: transformers then scales the decoder output by
+    ``d_model ** -0.5`` before the tied ``lm_head``, as our ``_logits`` does, and does
+    not when it is False (T5 1.1). ``dtype`` (our activation dtype) is not carried:
+    HF runs in its weights' dtype (float32 from :func:`export_hf_t5`). Raises
+    ValueError for ``mlp_activations`` with no HF ``feed_forward_proj``.
+    """
+    import transformers
+
+    from specdec_core.models import t5
+
+    return transformers.T5Config(
+        vocab_size=config.vocab_size,
+        d_model=config.emb_dim,
+        d_kv=config.head_dim,
+        num_heads=config.num_heads,
+        d_ff=config.mlp_dim,
+        num_layers=config.num_encoder_layers,
+        num_decoder_layers=config.num_decoder_layers,
+        feed_forward_proj=_hf_feed_forward(config.mlp_activations),
+        relative_attention_num_buckets=t5.NUM_BUCKETS,
+        relative_attention_max_distance=t5.MAX_DISTANCE,
+        dropout_rate=config.dropout_rate,  # training only; eval mode drops nothing
+        layer_norm_epsilon=1e-6,  # layers.rms_norm's
+        tie_word_embeddings=config.logits_via_embedding,
+        decoder_start_token_id=t5.DECODER_START_ID,
+        pad_token_id=t5.PAD_ID,
+        eos_token_id=t5.EOS_ID,
+    )
+
+
+def hf_t5_model(params: Mapping, config) -> Any:
+    """``params`` of ``config`` as a float32 ``transformers.T5ForConditionalGeneration``
+    in eval mode (imports torch and transformers).
+
+    transformers 5.x ties ``lm_head`` to ``shared`` in every T5 whatever the config
+    says, so untied logits get an ``lm_head`` of their own here before loading. Its
+    ``generate`` (5.24) sizes the decoder's cache by ``num_layers``, the encoder's
+    count: with more decoder than encoder layers pass it an unsized one,
+    ``cache=EncoderDecoderCache(DynamicCache(), DynamicCache())``."""
+    import torch
+    import transformers
+
+    state = export_hf_t5(params, config)
+    model = transformers.T5ForConditionalGeneration(hf_t5_config(config))
+    if "lm_head.weight" in state and model.lm_head.weight is model.shared.weight:
+        model.lm_head = torch.nn.Linear(config.emb_dim, config.vocab_size, bias=False)
+    missing, unexpected = model.load_state_dict(
+        {name: torch.from_numpy(array) for name, array in state.items()}, strict=False
+    )
+    untied = [name for name in missing if model.get_parameter(name) is not model.shared.weight]
+    if unexpected or untied:
+        raise CheckpointError(
+            "<hf model>", f"state dict does not fit: missing {untied}, unexpected {unexpected}"
+        )
+    return model.eval()
 
 
 # ------------------------------------------------------------------------- GPT-2
