@@ -44,8 +44,11 @@ from workers.spec import ModelSpec, Placement, check_shared_vocabulary
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs" / "models"
-DEFAULT_TARGET = "ende_target"  # the embedded pair, trained by pipelines.train
-DEFAULT_DRAFT = "ende_draft_kd"  # best measured draft for the committed target (BENCHMARKS §4, §6)
+# The embedded pairs that jobs default to (configs/models, exports in assets/checkpoints):
+DEFAULT_TARGET = "ende_target_debian"  # En->De on the Debian corpus (issue 21)
+DEFAULT_DRAFT = "ende_draft_debian_kd"  # its sequence-level KD draft (BENCHMARKS, Debian corpus)
+SUMMARY_TARGET = "summ_target"  # description -> synopsis on Debian's package descriptions
+SUMMARY_DRAFT = "summ_draft"  # KL-distilled from it (BENCHMARKS, Summarizer pair)
 DEFAULT_GAMMA = 2  # its best measured γ in-process at T=0 and T=1 (§6); §4 measured it through Ray
 DEFAULT_VOCAB = REPO_ROOT / "assets" / "spm" / "ende.model"
 COPY_DRAFT = "copy"  # the copy draft's name in a model reference (see the module docstring)
@@ -96,7 +99,7 @@ def resolve_model(
     or its own ``vocab_size`` option takes it (else the default target's)."""
     from specdec_core.models import registry
 
-    if ref.split(":", 1)[0].split("+", 1)[0] == COPY_DRAFT:  # before paths: copy+a/b.yaml
+    if _is_copy_ref(ref):  # before paths: copy+a/b.yaml
         return _copy_draft(
             ref,
             role=role,
@@ -196,6 +199,11 @@ def _from_preset(ref: str, *, role: str, allow_random_init: bool, seed: int) -> 
     return ResolvedModel(spec=spec, source=f"preset:{ref}", vocab_path=None, random_init=True)
 
 
+def _is_copy_ref(ref: str) -> bool:
+    """``copy``, ``copy:OPTIONS``, ``copy+MODEL``, ``copy:OPTIONS+MODEL``."""
+    return ref.split(":", 1)[0].split("+", 1)[0] == COPY_DRAFT
+
+
 def _copy_draft(
     ref: str, *, role: str, allow_random_init: bool, init_seed: int, vocab_size: int | None
 ) -> ResolvedModel:
@@ -228,7 +236,7 @@ def _copy_draft(
                 f"--{role}: {ref!r} ends in '+': name the model draft after it "
                 "(e.g. copy+ende_draft_kd)"
             )
-        if backoff_ref.split(":", 1)[0].split("+", 1)[0] == COPY_DRAFT:
+        if _is_copy_ref(backoff_ref):
             raise ModelResolutionError(f"--{role}: a copy draft cannot back off to a copy draft")
         inner = resolve_model(
             backoff_ref, role=role, allow_random_init=allow_random_init, init_seed=init_seed
@@ -323,10 +331,14 @@ def latest_checkpoint_step(folder: pathlib.Path) -> pathlib.Path:
     return max(steps)[1] if steps else folder
 
 
-def resolve_model_entry(value: Any, *, where: str, also: Sequence[str] = ()) -> ResolvedModel:
+def resolve_model_entry(
+    value: Any, *, where: str, also: Sequence[str] = (), vocab_size: int | None = None
+) -> ResolvedModel:
     """A model named in a YAML file -> ResolvedModel (module docstring); every error
     starts with ``where`` (e.g. ``grid[0].target``). ``also``: names the caller resolves
-    itself (n-gram drafts), listed beside the config names when a name is unknown.
+    itself (n-gram drafts), listed beside the config names when a name is unknown. A
+    copy draft (``copy[:OPTIONS][+MODEL]``) takes ``vocab_size`` (the target's) as
+    ``resolve_model`` does.
 
     Unlike a ``--target`` value a preset needs weights (``checkpoint``) unless
     ``random_init`` is set, and ``random_init`` runs untrained weights even where a
@@ -350,6 +362,11 @@ def resolve_model_entry(value: Any, *, where: str, also: Sequence[str] = ()) -> 
         return _config_entry(str(value["config"]), value, fail=fail)
     if not isinstance(value, str):
         fail(f"a model is a name or a mapping, got {value!r}")
+    if _is_copy_ref(value):
+        try:
+            return resolve_model(value, role="draft", vocab_size=vocab_size)
+        except ModelResolutionError as error:
+            fail(str(error).removeprefix("--draft: "))
     if _looks_like_path(value) or value in config_names():
         return _config_entry(value, {}, fail=fail)
     if value in registry.names():

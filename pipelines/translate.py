@@ -49,7 +49,14 @@ from pipelines.inference import (
     process_started_at,
     read_metrics,
 )
-from pipelines.model_resolver import DEFAULT_DRAFT, DEFAULT_GAMMA, DEFAULT_TARGET, ResolvedModel
+from pipelines.model_resolver import (
+    DEFAULT_DRAFT,
+    DEFAULT_GAMMA,
+    DEFAULT_TARGET,
+    SUMMARY_DRAFT,
+    SUMMARY_TARGET,
+    ResolvedModel,
+)
 from pipelines.transforms import engine_copies, run_pipeline
 from workers.batching import DecodeSettings
 from workers.engine import EngineConfig, check_models
@@ -86,8 +93,8 @@ SUMMARIZE = JobKind(
     quality_metric="rouge",
     max_input_tokens=1024,
     max_new_tokens=128,
-    default_target=DEFAULT_TARGET,
-    default_draft=DEFAULT_DRAFT,
+    default_target=SUMMARY_TARGET,
+    default_draft=SUMMARY_DRAFT,
 )
 KINDS = {kind.name: kind for kind in (TRANSLATE, SUMMARIZE)}
 

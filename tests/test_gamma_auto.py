@@ -158,6 +158,27 @@ def test_policy_explores_once_in_a_while_while_position_1_is_untested():
         _observe(policy, 0, per_position=[])
 
 
+def test_policy_stops_exploring_a_draft_that_cannot_pay_before_its_test_quota():
+    policy = AdaptiveGamma(3, prior=GammaPrior(alpha=0.5), explore_every=2, explore_tests=500)
+    _observe(policy, 0, per_position=[], seconds_per_step=1.0)
+    # γ = 1 measured: 20 tests, 2 accepted, and a step 1.6x the target's. Even at the
+    # upper bound (~0.2) its 1.2 tokens per 1.6 steps lose: no more exploring.
+    _observe(policy, 1, per_position=[0.1], iterations=20, seconds_per_step=1.6)
+    for _ in range(6):
+        assert policy.choose() == 0
+        _observe(policy, 0, per_position=[], seconds_per_step=1.0)
+    # The same counts with a step that costs almost nothing: γ = 1 may pay, explore.
+    cheap = AdaptiveGamma(3, prior=GammaPrior(alpha=0.5), explore_every=2, explore_tests=500)
+    _observe(cheap, 0, per_position=[], seconds_per_step=1.0)
+    _observe(cheap, 1, per_position=[0.1], iterations=20, seconds_per_step=1.02)
+    choices = []
+    for _ in range(4):
+        choices.append(cheap.choose())
+        _observe(cheap, choices[-1], per_position=[0.1] * choices[-1], iterations=20,
+                 seconds_per_step=1.0 + 0.02 * choices[-1])  # fmt: skip
+    assert 1 in choices
+
+
 def test_policy_rejects_counts_of_the_wrong_length():
     policy = AdaptiveGamma(3)
     with pytest.raises(ValueError, match="positions"):

@@ -294,6 +294,43 @@ def test_t5_prompts_are_the_whole_sentence_on_the_encoder_side():
     assert decoder_batch.encoder_tokens is None and decoder_batch.ids.tolist() == [5]
 
 
+def test_a_summarization_study_reads_jsonl_sources_with_the_summarize_prefix(tmp_path):
+    (tmp_path / "records.jsonl").write_text(
+        '{"id": "a", "source": "Tool one.", "reference": "x"}\n\n'
+        '{"id": "b", "source": "Tool two.", "reference": "y"}\n'
+    )
+    dataset = study.DatasetConfig(
+        source="jsonl", path=str(tmp_path / "records.jsonl"), task="summarize",
+        tokenizer="ascii", prompt_tokens=1,
+    )  # fmt: skip
+    prompts = list(study.iter_prompts(dataset))
+    assert [(p.id, p.text) for p in prompts] == [(0, "Tool one."), (1, "Tool two.")]
+    batch = study.pack_prompts(
+        prompts[:1], family="t5", dataset=dataset, batch_size=1, max_new_tokens=4
+    )
+    encoded = [ord(c) for c in text.SUMMARIZE_PREFIX + "Tool one."] + [text.EOS_ID]
+    assert batch.encoder_tokens[0, : len(encoded)].tolist() == encoded
+    (tmp_path / "bad.jsonl").write_text('{"id": "a", "article": "no source"}\n')
+    bad = dataclasses.replace(dataset, path=str(tmp_path / "bad.jsonl"))
+    with pytest.raises(ConfigError, match=r"bad\.jsonl:1: no string field 'source'"):
+        list(study.iter_prompts(bad))
+    with pytest.raises(ValueError, match=r"dataset\.task must be one of"):
+        study.DatasetConfig(task="classify")
+
+
+def test_the_summarizer_study_grid_has_the_copy_and_the_combined_drafts():
+    loaded = study.load_study_config(REPO_ROOT / "configs" / "studies" / "summaries_copy.yaml")
+    (entry,) = loaded.grid
+    assert entry.target.name == "summ_target"
+    assert [(d.name, d.family) for d in entry.drafts] == [
+        ("summ_draft", "t5"),
+        ("copy", "copy"),
+        ("copy+summ_draft", "copy"),
+    ]
+    assert entry.drafts[1].config.vocab_size == entry.target.config.vocab_size  # the target's
+    assert loaded.dataset.task == "summarize" and loaded.dataset.source == "jsonl"
+
+
 @pytest.mark.parametrize("entry_point", ["pipelines.study", "specdec study"])
 def test_the_command_reports_a_bad_grid_in_one_line_with_status_2(tmp_path, capsys, entry_point):
     from pipelines import cli

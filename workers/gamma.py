@@ -18,7 +18,9 @@ Start: a prior (α, the draft's cost ratio c, the target's cost growth per verif
 token), which the model configs or a previous run can give; until a position has
 been tested, its β reads as the prior's α. While γ = 0 is the choice and position 1
 has fewer than ``explore_tests`` tests, one batch in ``explore_every`` runs at γ = 1
-so that a pessimistic prior can be corrected; later, γ = 0 is final.
+so that a pessimistic prior can be corrected, as long as γ = 1 may still pay (position
+1's acceptance at its upper confidence bound over the costs measured so far); later,
+γ = 0 is final.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from specdec_core.decoding import DecodeResult
 from workers.batching import PackedBatch
 
 DEFAULT_GAMMA_MAX = 4
+EXPLORE_Z = 1.0  # standard errors above position 1's rate for "γ = 1 may still pay"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -142,9 +145,23 @@ class AdaptiveGamma:
                 best == 0
                 and self._tests[0] < self.explore_tests
                 and self._zeros_in_a_row >= self.explore_every - 1
+                and self._may_pay()
             ):
                 return 1
             return best
+
+    def _may_pay(self) -> bool:
+        """Whether γ = 1 could still beat the target alone: position 1's acceptance at
+        its upper confidence bound (Wilson score, one standard error) over the step
+        costs as estimated now. Exploring a draft that cannot pay costs time."""
+        tests = self._tests[0]
+        if tests == 0:
+            return True
+        rate, z2 = self._passes[0] / tests, EXPLORE_Z**2
+        spread = EXPLORE_Z * math.sqrt(rate * (1 - rate) / tests + z2 / (4 * tests**2))
+        upper = (rate + z2 / (2 * tests) + spread) / (1 + z2 / tests)
+        costs = self._costs()
+        return (1 + upper) * costs[0] / costs[1] > 1
 
     def observe(
         self,

@@ -98,7 +98,15 @@ def _parse_drafts(
     for j, value in enumerate(values):
         draft_where = f"{where}.drafts[{j}]"
         try:
-            drafts.append(parse_model_ref(value, where=draft_where, file=file, draft=True))
+            drafts.append(
+                parse_model_ref(
+                    value,
+                    where=draft_where,
+                    file=file,
+                    draft=True,
+                    vocab_size=target.config.vocab_size,
+                )
+            )
         except MissingCheckpoint as missing:
             if not optional:
                 raise

@@ -5,18 +5,24 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import json
 from collections.abc import Callable, Iterator
 
 from pipelines import configs, text
 from pipelines.configs import ConfigError
 
 ASCII_VOCAB = 128  # the "ascii" tokenizer: ids 0 pad, 1 eos, 2 unk, else the code point
+SOURCES = ("ding", "text", "jsonl")
+TASK_PREFIXES = {"translate": text.TRANSLATE_PREFIX, "summarize": text.SUMMARIZE_PREFIX}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DatasetConfig:
-    source: str = "ding"  # "ding": Ding splits (English side); "text": one prompt per line
-    path: str = "assets/data/ding"  # ding: the splits folder; text: the prompts file
+    source: str = "ding"  # "ding": Ding splits (English side); "text": one prompt per
+    #                       line; "jsonl": one record per line, the prompt in ``field``
+    path: str = "assets/data/ding"  # ding: the splits folder; text/jsonl: the prompts file
+    field: str = "source"  # jsonl: the key holding the prompt (a job input's "source")
+    task: str = "translate"  # T5 targets: the task prefix, "translate" | "summarize"
     split: str = "validation"  # ding: the prompts' split
     train_split: str = "train"  # ding: the split n-gram drafts are fit on
     train_path: str = ""  # text: n-gram training text, one sequence per line ("": none)
@@ -29,8 +35,12 @@ class DatasetConfig:
     ngram_train_limit: int = 0  # training sequences for n-gram fits (0: all)
 
     def __post_init__(self):
-        if self.source not in ("ding", "text"):
-            raise ValueError(f"dataset.source must be 'ding' or 'text', got {self.source!r}")
+        if self.source not in SOURCES:
+            raise ValueError(f"dataset.source must be one of {SOURCES}, got {self.source!r}")
+        if self.task not in TASK_PREFIXES:
+            raise ValueError(
+                f"dataset.task must be one of {tuple(TASK_PREFIXES)}, got {self.task!r}"
+            )
         for key in ("num_prompts", "prompt_tokens"):
             if getattr(self, key) < 1:
                 raise ValueError(f"dataset.{key} must be >= 1, got {getattr(self, key)}")
@@ -78,8 +88,21 @@ def _iter_lines(dataset: DatasetConfig, *, train: bool, side: int = 0) -> Iterat
         return
     path = configs.resolve(dataset.train_path if train else dataset.path)
     with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            yield line.rstrip("\n")
+        for number, line in enumerate(handle, start=1):
+            if dataset.source == "text":
+                yield line.rstrip("\n")
+            elif line.strip():
+                yield _jsonl_prompt(line, dataset.field, where=f"{path}:{number}")
+
+
+def _jsonl_prompt(line: str, field: str, *, where: str) -> str:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{where}: not a JSON object ({error.msg})") from None
+    if not isinstance(record, dict) or not isinstance(record.get(field), str):
+        raise ConfigError(f"{where}: no string field {field!r} (dataset.field)")
+    return record[field]
 
 
 def iter_prompts(dataset: DatasetConfig) -> Iterator[Prompt]:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipelines import text
-from pipelines.study.dataset import DatasetConfig, Prompt, load_tokenizer
+from pipelines.study.dataset import TASK_PREFIXES, DatasetConfig, Prompt, load_tokenizer
 from pipelines.study.stats import CellStats
 
 if TYPE_CHECKING:
@@ -86,7 +86,8 @@ def pack_prompts(
     encoder = None
     if families.get(family).is_encoder_decoder:
         tokenizer = load_tokenizer(dataset.tokenizer)
-        encoded = [text.encode(tokenizer, text.TRANSLATE_PREFIX, p.text) for p in rows]
+        prefix = TASK_PREFIXES[dataset.task]
+        encoded = [text.encode(tokenizer, prefix, p.text) for p in rows]
         width = text.padded_length(max(map(len, encoded)))
         encoder = np.zeros((batch_size, width), np.int32)
         for r, ids in enumerate(encoded):

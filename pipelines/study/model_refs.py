@@ -52,14 +52,19 @@ def fail(file: str, where: str, message: str, kind: type = ConfigError) -> NoRet
     raise kind(f"{file}: {where}: {message}")
 
 
-def parse_model_ref(value: Any, *, where: str, file: str, draft: bool) -> ModelRef:
-    """One grid model reference (the package docstring) -> ModelRef."""
+def parse_model_ref(
+    value: Any, *, where: str, file: str, draft: bool, vocab_size: int | None = None
+) -> ModelRef:
+    """One grid model reference (the package docstring) -> ModelRef; ``vocab_size``: the
+    target's, for a copy draft."""
     if isinstance(value, str) and value in NGRAM_DRAFTS:
         if not draft:
             fail(file, where, f"{value!r} can only be a draft")
         return ModelRef(name=value, family=value)
     try:
-        resolved = model_resolver.resolve_model_entry(value, where=where, also=NGRAM_DRAFTS)
+        resolved = model_resolver.resolve_model_entry(
+            value, where=where, also=NGRAM_DRAFTS, vocab_size=vocab_size
+        )
     except model_resolver.MissingCheckpointError as error:
         raise MissingCheckpoint(f"{file}: {error}") from error
     except model_resolver.ModelResolutionError as error:
@@ -68,11 +73,17 @@ def parse_model_ref(value: Any, *, where: str, file: str, draft: bool) -> ModelR
 
 
 def check_pair(target: ModelRef, draft: ModelRef, *, where: str, file: str) -> None:
-    """A neural draft has the target's family and vocabulary size (n-grams take the
-    target's vocabulary when they are fit)."""
+    """A neural draft has the target's family and vocabulary size, a copy draft an
+    encoder-decoder target (n-grams take the target's vocabulary when they are fit)."""
     if draft.is_ngram:
         return
-    if draft.family != target.family:
+    family = families.get(draft.family)
+    if family.weights == "backoff":  # a copy draft: reads the target's encoder tokens
+        if not families.get(target.family).is_encoder_decoder:
+            fail(file, where, f"the copy draft {draft.name!r} needs an encoder-decoder target")
+        if not family.serves_encoder_decoder(draft.config):
+            fail(file, where, f"the copy draft {draft.name!r} backs off to a decoder-only model")
+    elif draft.family != target.family:
         fail(file, where, f"draft {draft.name!r} is {draft.family}, target is {target.family}")
     if draft.config.vocab_size != target.config.vocab_size:
         fail(
