@@ -19,6 +19,8 @@ from workers.engine import InProcessEngine
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from tests.test_hf_import import _hf_logits  # noqa: E402  (after the skips: it imports torch)
+
 VOCAB = 67
 GATED = ("gelu", "linear")  # T5 1.1 gated-GELU: wi_0, wi_1, wo
 CONFIGS = {  # every combination our model configs use, and a non-gated MLP
@@ -69,16 +71,6 @@ def test_export_then_import_is_the_identity(name):
         hf_config, logits_via_embedding=config.logits_via_embedding
     )
     assert again == config
-
-
-def _hf_logits(model, encoder_tokens: np.ndarray, decoder_tokens: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        out = model(
-            input_ids=torch.as_tensor(encoder_tokens),
-            attention_mask=torch.as_tensor(encoder_tokens > 0).long(),
-            decoder_input_ids=torch.as_tensor(decoder_tokens),
-        )
-    return out.logits.numpy()
 
 
 @pytest.mark.parametrize("name", CONFIGS)

@@ -267,31 +267,6 @@ def test_mlflow_run_has_params_metrics_and_artifacts(run_job, models, tracking_u
     assert config["draft_checkpoint"] == str(models["draft"].parent / "checkpoints/tiny_draft")
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_ray_workers_give_the_inprocess_outputs(ray_local, run_job, temperature):
-    inprocess = (
-        run_job("inprocess", temperature)
-        if temperature
-        else run_job("inprocess", 0.0, "--compare-baseline")
-    )
-    ray_job = run_job("ray", temperature)
-    assert ray_job.code == 0 and ray_job.dead == []
-    assert sorted(ray_job.rows) == sorted(inprocess.rows)
-    for record_id, row in inprocess.rows.items():
-        other = ray_job.rows[record_id]
-        assert (other["output_ids"], other["iterations"], other["accepted"]) == (
-            row["output_ids"],
-            row["iterations"],
-            row["accepted"],
-        ), record_id
-    assert 0.1 < ray_job.summary["alpha"] < 0.98  # accepted and rejected drafts both occur
-    # Traffic is logged, and per iteration it stays below γ vocabulary-sized vectors per row.
-    assert 0 < ray_job.summary["bytes_per_iteration"] < GAMMA * BATCH * 8000 * 4
-
-
-MULTI_PROCESS = ("--", "--direct_num_workers", "2", "--direct_running_mode", "multi_processing")
-
-
 def _assert_same_records(job: JobRun, expected: JobRun) -> None:
     assert job.code == 0 and job.dead == []
     assert sorted(job.rows) == sorted(expected.rows)
@@ -302,6 +277,23 @@ def _assert_same_records(job: JobRun, expected: JobRun) -> None:
             row["iterations"],
             row["accepted"],
         ), record_id
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_ray_workers_give_the_inprocess_outputs(ray_local, run_job, temperature):
+    inprocess = (
+        run_job("inprocess", temperature)
+        if temperature
+        else run_job("inprocess", 0.0, "--compare-baseline")
+    )
+    ray_job = run_job("ray", temperature)
+    _assert_same_records(ray_job, inprocess)
+    assert 0.1 < ray_job.summary["alpha"] < 0.98  # accepted and rejected drafts both occur
+    # Traffic is logged, and per iteration it stays below γ vocabulary-sized vectors per row.
+    assert 0 < ray_job.summary["bytes_per_iteration"] < GAMMA * BATCH * 8000 * 4
+
+
+MULTI_PROCESS = ("--", "--direct_num_workers", "2", "--direct_running_mode", "multi_processing")
 
 
 def test_beam_worker_processes_give_the_single_process_outputs(run_job):

@@ -1,0 +1,128 @@
+"""The jobs as users run them: ``--gamma auto`` against fixed γ, each job's speedup over
+the target alone measured inside the job (issue 20 item 3).
+
+Every job is a ``specdec translate`` / ``specdec summarize`` process on a shipped
+sample with ``--compare-baseline``: each batch is decoded speculatively and then by the
+target alone, one after the other in the same process, so the job's ``speedup``
+(speculative tokens/s over the target's) is a ratio measured in one run. The jobs run
+one at a time, in rounds (every job once per round, in the same order), so load that
+drifts over minutes touches all of them. The table gives each job's median speedup over
+the rounds and its range, α, the batches at each γ (auto) and whether every output was
+the target's own (T=0).
+
+Jobs (``--jobs`` picks some):
+
+- ``translate``: the Debian pair (``ende_target_debian`` + ``ende_draft_debian_kd``) on
+  ``assets/samples/en_de_debian_sample.tsv`` = ``make run``, through Ray and in-process,
+  γ auto and γ = 1, 2, 3 (the sweep the auto choice is compared with);
+- ``summarize``: the summarizer pair (``summ_target`` + ``summ_draft``) on
+  ``assets/data/summaries/test_sample.jsonl``, and with the copy draft, γ auto.
+
+Usage (BENCHMARKS.md "Automatic γ" gives the command run)::
+
+    .venv/bin/python benchmarks/bench_jobs_gamma.py [--rounds 2] [--jobs translate,summarize]
+        [--json runs/bench/jobs_gamma.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+INPROCESS = ("--workers", "inprocess")
+TRANSLATE = (
+    "translate",
+    "--input", "assets/samples/en_de_debian_sample.tsv",
+    "--target", "ende_target_debian", "--draft", "ende_draft_debian_kd",
+)  # fmt: skip
+SUMMARIZE = (
+    "summarize",
+    "--input", "assets/data/summaries/test_sample.jsonl",
+    "--target", "summ_target",
+)  # fmt: skip
+JOBS = {  # name -> (group, arguments)
+    "translate ray auto": ("translate", (*TRANSLATE, "--workers", "ray")),
+    "translate inprocess auto": ("translate", (*TRANSLATE, *INPROCESS)),
+    "translate inprocess γ=1": ("translate", (*TRANSLATE, *INPROCESS, "--gamma", "1")),
+    "translate inprocess γ=2": ("translate", (*TRANSLATE, *INPROCESS, "--gamma", "2")),
+    "translate inprocess γ=3": ("translate", (*TRANSLATE, *INPROCESS, "--gamma", "3")),
+    "summarize ray auto": ("summarize", (*SUMMARIZE, "--draft", "summ_draft", "--workers", "ray")),
+    "summarize ray auto, copy": ("summarize", (*SUMMARIZE, "--draft", "copy", "--workers", "ray")),
+}  # fmt: skip
+
+
+def run_job(name: str, args: tuple[str, ...], folder: pathlib.Path) -> dict:
+    """One job as a process; its summary JSON."""
+    stem = folder / name.replace(" ", "_").replace(",", "").replace("=", "")
+    command = [
+        str(REPO / ".venv" / "bin" / "specdec"), *args,
+        "--output", f"{stem}.jsonl", "--summary-json", f"{stem}.summary.json",
+        "--compare-baseline", "--quiet", "--tracking-uri", f"sqlite:///{folder}/mlflow.db",
+    ]  # fmt: skip
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{name}: exit {done.returncode}\n{done.stderr[-3000:]}")
+    summary = json.loads(pathlib.Path(f"{stem}.summary.json").read_text())
+    summary["process_s"] = time.perf_counter() - start
+    pathlib.Path(f"{stem}.jsonl").unlink()
+    return summary
+
+
+def table(results: dict[str, list[dict]]) -> str:
+    lines = [
+        "| job | speedup (median) | range | α (ML) | batches at γ | identical | job s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, runs in results.items():
+        speedups = [r["speedup"] for r in runs]
+        histogram = runs[-1].get("gamma_histogram") or {}
+        lines.append(
+            f"| {name} | {statistics.median(speedups):.3f} | "
+            f"{min(speedups):.3f}–{max(speedups):.3f} | "
+            f"{statistics.median(r['alpha'] for r in runs):.3f} | "
+            + (", ".join(f"γ={g}: {n}" for g, n in histogram.items()) or "—")
+            + f" | {all(r['identical_to_baseline'] for r in runs)} | "
+            f"{statistics.median(r['process_s'] for r in runs):.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--jobs", default="translate,summarize", help="groups to run")
+    parser.add_argument("--json", default=None, help="write every run's summary here")
+    args = parser.parse_args(argv)
+    groups = set(args.jobs.split(","))
+    unknown = groups - {group for group, _ in JOBS.values()}
+    if unknown:
+        parser.error(f"unknown job group(s): {', '.join(sorted(unknown))}")
+    chosen = {name: job for name, (group, job) in JOBS.items() if group in groups}
+    results: dict[str, list[dict]] = {name: [] for name in chosen}
+    with tempfile.TemporaryDirectory(prefix="bench-jobs-") as folder:
+        for round_ in range(1, args.rounds + 1):
+            for name, job in chosen.items():
+                summary = run_job(name, job, pathlib.Path(folder))
+                results[name].append(summary)
+                print(
+                    f"round {round_}: {name}: {summary['speedup']:.3f}x "
+                    f"({summary['process_s']:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    print(table(results))
+    if args.json:
+        pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
