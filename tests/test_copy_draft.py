@@ -330,7 +330,12 @@ def test_negative_control_biased_rule_is_caught_with_the_copy_draft(monkeypatch)
 def test_copy_references_resolve_to_copy_specs():
     plain = model_resolver.resolve_model("copy", role="draft")
     assert plain.spec.family == prompt_lookup.FAMILY and plain.spec.name == "copy"
-    assert plain.spec.config == prompt_lookup.PromptLookupConfig(vocab_size=8000)  # ende_target's
+    default_target = model_resolver.resolve_model(model_resolver.DEFAULT_TARGET, role="target")
+    # without a target given, the default target's vocabulary (ende_target_debian: 16k)
+    assert plain.spec.config == prompt_lookup.PromptLookupConfig(
+        vocab_size=default_target.spec.config.vocab_size
+    )
+    assert plain.spec.config.vocab_size == 16000
     assert not plain.random_init and plain.vocab_path is None
     tuned = model_resolver.resolve_model("copy:n=4,n_min=2,fallback=5,vocab_size=64", role="draft")
     assert tuned.spec.config == prompt_lookup.PromptLookupConfig(
