@@ -98,8 +98,10 @@ class MeteredEngine:
 
     def _report_ray(self) -> None:
         traffic, restarts = self.engine.traffic(), self.engine.restarts()
-        for key in self._seen:
-            Metrics.counter(METRICS, key).inc(traffic[key] - self._seen[key])
+        for key, seen in self._seen.items():
+            # a restarted coordinator counts from 0 again: all of its count is new
+            grew = traffic[key] - seen if traffic[key] >= seen else traffic[key]
+            Metrics.counter(METRICS, key).inc(grew)
             self._seen[key] = traffic[key]
         if restarts == self._restarts:
             return
