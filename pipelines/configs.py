@@ -16,6 +16,8 @@ the key and the file)::
                                  # model's worker (num_cpus, num_gpus, resources, env)
     mesh: {data: 1, model: 8}    # MeshConfig: the model's worker shards its params and
                                  # caches over data*model devices (specdec_core.sharding)
+    gamma_prior: {alpha: 0.36, draft_c: 0.21}   # a draft's: what --gamma auto assumes of
+                                 # it with its target before measuring (workers.gamma.GammaPrior)
 
 Relative paths (data, vocabulary, checkpoints, teacher) are relative to the repository
 root, so a config means the same thing from any working directory.
@@ -37,6 +39,7 @@ from typing import Any
 import yaml
 
 from specdec_core.models import decoder, families, t5
+from workers.gamma import GammaPrior
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The families a model YAML can name: those trained here and loaded from T5X checkpoints.
@@ -141,6 +144,7 @@ class ModelFileConfig:
     path: str  # the file this came from
     worker: WorkerConfig = dataclasses.field(default_factory=WorkerConfig)
     mesh: MeshConfig | None = None  # None: the model's worker uses one device
+    gamma_prior: GammaPrior | None = None  # a draft's prior for --gamma auto; None: defaults
 
     @property
     def train_dir(self) -> pathlib.Path:
@@ -215,7 +219,7 @@ def build_dataclass(cls: type, values: Mapping[str, Any] | None, *, section: str
 
 
 TOP_LEVEL_KEYS = ("name", "family", "model", "data", "train", "checkpoint", "teacher")
-TOP_LEVEL_KEYS += ("teacher_config", "worker", "mesh")
+TOP_LEVEL_KEYS += ("teacher_config", "worker", "mesh", "gamma_prior")
 
 
 def apply_overrides(raw: dict, overrides: Sequence[str], *, file: str) -> dict:
@@ -280,12 +284,16 @@ def load_model_config(path: str | pathlib.Path, overrides: Sequence[str] = ()) -
         teacher_config=str(resolve(teacher_config)) if teacher_config else None,
         path=file,
         worker=build_dataclass(WorkerConfig, raw.get("worker"), section="worker", file=file),
-        mesh=(
-            build_dataclass(MeshConfig, raw["mesh"], section="mesh", file=file)
-            if raw.get("mesh") is not None
-            else None
-        ),
+        mesh=_optional(MeshConfig, raw, "mesh", file=file),
+        gamma_prior=_optional(GammaPrior, raw, "gamma_prior", file=file),
     )
+
+
+def _optional(cls: type, raw: Mapping, section: str, *, file: str):
+    """``cls`` built from ``raw[section]``, or None where the file has no such section."""
+    if raw.get(section) is None:
+        return None
+    return build_dataclass(cls, raw[section], section=section, file=file)
 
 
 def param_count(config: t5.T5Config | decoder.DecoderConfig) -> int:

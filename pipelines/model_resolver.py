@@ -157,6 +157,7 @@ def _from_config_file(path: pathlib.Path, *, role: str, allow_random_init: bool)
             env=tuple(sorted(worker.env.items())),
         ),
         mesh=None if mesh is None else (mesh.data, mesh.model),
+        gamma_prior=model_file.gamma_prior,
     )
     vocab = str(configs.resolve(model_file.data.vocab_path))
     return ResolvedModel(

@@ -3,6 +3,8 @@
 the output distribution while γ changes from batch to batch (a G-test as in
 tests/test_exactness.py, with its negative control)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,7 @@ from tests.stub_models import bound as bind_table
 from workers.batching import DecodeSettings, Request, pack
 from workers.engine import InProcessEngine
 from workers.gamma import AdaptiveGamma, GammaPrior
+from workers.spec import ModelSpec
 
 # ---------------------------------------------------------------- the pure chooser
 
@@ -177,6 +180,29 @@ def test_policy_stops_exploring_a_draft_that_cannot_pay_before_its_test_quota():
         _observe(cheap, choices[-1], per_position=[0.1] * choices[-1], iterations=20,
                  seconds_per_step=1.0 + 0.02 * choices[-1])  # fmt: skip
     assert 1 in choices
+
+
+def test_a_drafts_config_gives_auto_gamma_its_prior(tmp_path):
+    from pipelines import configs, model_resolver
+    from workers.engine import EngineConfig, build_engine
+
+    draft = model_resolver.resolve_model("ende_draft_debian_kd", role="draft").spec
+    assert draft.gamma_prior == GammaPrior(alpha=0.35, draft_c=0.21)
+    # With that prior the first batch is the target alone (the default prior drafts).
+    assert AdaptiveGamma(4, prior=draft.gamma_prior).choose() == 0
+    assert AdaptiveGamma(4).choose() >= 1
+    tiny = ModelSpec(name="t", family="t5", config=registry.get_config("t5_tiny_test"))
+    engine = build_engine(
+        EngineConfig(kind="inprocess"),
+        target=tiny,
+        draft=dataclasses.replace(tiny, name="d", gamma_prior=draft.gamma_prior),
+        settings=DecodeSettings(gamma=4),
+    )
+    assert engine.gamma_policy.prior == draft.gamma_prior
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {vocab_size: 32}\ngamma_prior: {alpha: 1.5}\n")
+    with pytest.raises(configs.ConfigError, match=r"gamma_prior\.alpha must be in \[0, 1\]"):
+        configs.load_model_config(bad)
 
 
 def test_policy_rejects_counts_of_the_wrong_length():

@@ -102,14 +102,15 @@ def build_engine(
     warm_up: bool = True,
 ):
     """The engine ``config`` describes over two ModelSpecs. With ``gamma="auto"`` an
-    :class:`workers.gamma.AdaptiveGamma` chooses γ per batch in 0..``settings.gamma``
+    :class:`workers.gamma.AdaptiveGamma` (starting from the draft's ``gamma_prior``, if
+    its config has one) chooses γ per batch in 0..``settings.gamma``
     (``warm_up``: a shape's first batch is decoded once untimed before it is timed)."""
     check_models(config, target=target, draft=draft)
     policy = None
     if config.adaptive:
         from workers.gamma import AdaptiveGamma
 
-        policy = AdaptiveGamma(settings.gamma, warm_up=warm_up)
+        policy = AdaptiveGamma(settings.gamma, prior=draft.gamma_prior, warm_up=warm_up)
     if config.kind == "ray":
         from workers.coordinator import RayEngine
 

@@ -15,7 +15,8 @@ choice depends only on earlier batches, never on the draws of the batch it is us
 for, so each record's output keeps the target's distribution.
 
 Start: a prior (α, the draft's cost ratio c, the target's cost growth per verified
-token), which the model configs or a previous run can give; until a position has
+token), which the draft's model config gives (``gamma_prior:``, measured with its
+target) or, without one, :class:`GammaPrior`'s defaults; until a position has
 been tested, its β reads as the prior's α. While γ = 0 is the choice and position 1
 has fewer than ``explore_tests`` tests, one batch in ``explore_every`` runs at γ = 1
 so that a pessimistic prior can be corrected, as long as γ = 1 may still pay (position
@@ -51,6 +52,13 @@ class GammaPrior:
     draft_c: float = 0.15  # draft step / target step
     target_slope: float = 0.15  # extra target-call time per extra verified token / target step
     overhead: float = 0.1  # loop work per iteration / target step
+
+    def __post_init__(self):
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"gamma_prior.alpha must be in [0, 1], got {self.alpha}")
+        for key in ("strength", "draft_c", "target_slope", "overhead"):
+            if getattr(self, key) < 0 or (key == "strength" and self.strength == 0):
+                raise ValueError(f"gamma_prior.{key} must be > 0, got {getattr(self, key)}")
 
 
 class AdaptiveGamma:

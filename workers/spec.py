@@ -90,6 +90,7 @@ class ModelSpec:
     init_seed: int = 0
     placement: Placement = dataclasses.field(default_factory=Placement)
     mesh: tuple[int, int] | None = None  # (data, model): the worker shards params and caches
+    gamma_prior: Any = None  # a draft's workers.gamma.GammaPrior for --gamma auto; None: defaults
 
 
 def check_shared_vocabulary(
