@@ -56,9 +56,11 @@ class GammaPrior:
     def __post_init__(self):
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"gamma_prior.alpha must be in [0, 1], got {self.alpha}")
-        for key in ("strength", "draft_c", "target_slope", "overhead"):
-            if getattr(self, key) < 0 or (key == "strength" and self.strength == 0):
-                raise ValueError(f"gamma_prior.{key} must be > 0, got {getattr(self, key)}")
+        if self.strength <= 0:
+            raise ValueError(f"gamma_prior.strength must be > 0, got {self.strength}")
+        for key in ("draft_c", "target_slope", "overhead"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"gamma_prior.{key} must be >= 0, got {getattr(self, key)}")
 
 
 class AdaptiveGamma:
@@ -148,27 +150,27 @@ class AdaptiveGamma:
         with self._lock:
             if self.gamma_max == 0:
                 return 0
-            best = theory.choose_gamma(self._betas(), self._costs())
+            costs = self._costs()
+            best = theory.choose_gamma(self._betas(), costs)
             if (
                 best == 0
                 and self._tests[0] < self.explore_tests
                 and self._zeros_in_a_row >= self.explore_every - 1
-                and self._may_pay()
+                and self._may_pay(costs)
             ):
                 return 1
             return best
 
-    def _may_pay(self) -> bool:
+    def _may_pay(self, costs: dict[int, float]) -> bool:
         """Whether γ = 1 could still beat the target alone: position 1's acceptance at
-        its upper confidence bound (Wilson score, one standard error) over the step
-        costs as estimated now. Exploring a draft that cannot pay costs time."""
+        its upper confidence bound (Wilson score, one standard error) over ``costs``,
+        the step costs as estimated now. Exploring a draft that cannot pay costs time."""
         tests = self._tests[0]
         if tests == 0:
             return True
         rate, z2 = self._passes[0] / tests, EXPLORE_Z**2
         spread = EXPLORE_Z * math.sqrt(rate * (1 - rate) / tests + z2 / (4 * tests**2))
         upper = (rate + z2 / (2 * tests) + spread) / (1 + z2 / tests)
-        costs = self._costs()
         return (1 + upper) * costs[0] / costs[1] > 1
 
     def observe(
