@@ -85,7 +85,9 @@ class MeteredEngine:
         self._seen = {"iterations": 0, "bytes": 0}
         self._restarts: dict[str, int] | None = None
 
-    def __getattr__(self, name):
+    def __getattr__(self, name):  # only for names this class does not have
+        if name == "engine":  # not set yet (e.g. while being copied): no recursion
+            raise AttributeError(name)
         return getattr(self.engine, name)
 
     def report(self) -> None:

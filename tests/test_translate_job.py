@@ -559,6 +559,48 @@ def test_an_engine_error_costs_only_the_failing_record():
     assert results[0].generation.tokens == [5, 1] and results[0].baseline.tokens == [5, 1]
 
 
+class _FakeRayEngine:
+    """Ray-engine figures in the order a job sees them: 10 iterations / 1000 bytes, then
+    a coordinator restart (its count starts again from 0) and 4 / 300 more."""
+
+    def __init__(self):
+        self.reports = iter([(10, 1000, 0, "n1"), (4, 300, 1, "n2")])
+
+    def traffic(self):
+        self.now = next(self.reports)
+        return {"iterations": self.now[0], "bytes": self.now[1]}
+
+    def restarts(self):
+        return {"target": 0, "coordinator": self.now[2]}
+
+    def placement(self):
+        return {"target": "n1", "draft": self.now[3]}
+
+
+def test_engine_figures_travel_as_beam_metrics_across_a_coordinator_restart():
+    import apache_beam as beam
+
+    class Report(beam.DoFn):  # as RunInference: the engine is built in setup
+        def setup(self):
+            self.engine = inference.MeteredEngine(_FakeRayEngine(), start_s=2.5)
+
+        def process(self, _):
+            inference.add_phase("decode", 0.25)
+            self.engine.report()
+
+    pipeline = beam.Pipeline(runner=transforms.pipeline_options([])[0])
+    _ = pipeline | beam.Create([1, 2], reshuffle=False) | beam.ParDo(Report())
+    result = pipeline.run()
+    result.wait_until_finish()
+    figures = inference.read_metrics(result)
+    assert figures.phases == {"engine_start": 2.5, "decode": 0.5}
+    # the restarted coordinator's 4 / 300 are added whole, not as 4 - 10 / 300 - 1000
+    assert figures.traffic["iterations"] == 14 and figures.traffic["bytes"] == 1300
+    assert figures.traffic["worker_restarts"] == {"target": 0, "coordinator": 1}
+    assert figures.traffic["placement"] == {"draft": ["n1", "n2"], "target": "n1"}
+    assert figures.first_record_at is None  # no record was decoded
+
+
 def _row(record_id, batch, wall_ms, tokens, iterations, accepted, by_position, base_ms, match):
     return {
         "id": record_id, "batch": batch, "wall_ms": wall_ms, "tokens": tokens,
