@@ -67,9 +67,10 @@ models-debian: $(RUN_STAMP)
 	test -f assets/spm/ende_debian.model || $(BIN)/specdec vocab --corpus debian
 	$(BIN)/specdec train --config configs/models/ende_target_debian.yaml --resume
 
-## The Debian pair (ende_target_debian, its two distilled drafts) and the summarizer
-## draft on a lent accelerator (issue 21 item 3): every stage of
-## configs/recipes/debian_pair.yaml under its time budget, the exports packed into parts
+## The Debian pair (ende_target_debian and its two distilled drafts) on a lent
+## accelerator (issue 21 item 3): every stage of configs/recipes/debian_pair.yaml under
+## its time budget, all ended DEADLINE seconds after the start (a call's limit less the
+## packing and the transfer back), the exports packed into parts
 ## of at most 16 MiB under runs/recipe/debian_pair/parts (RETURN=DIR copies the manifest
 ## and the first 4 there). Needs only JAX, flax, optax, sentencepiece, tensorstore, PyYAML
 ## and sacrebleu: on a machine without the venv (or Beam), set RECIPE to the recipe
@@ -78,8 +79,9 @@ models-debian: $(RUN_STAMP)
 ## parts (SHA-256 checked) into assets/checkpoints.
 RECIPE ?= $(BIN)/specdec train-recipe
 SCALE ?= 1
+DEADLINE ?= 510
 models-device:
-	$(RECIPE) run configs/recipes/debian_pair.yaml --scale $(SCALE) \
+	$(RECIPE) run configs/recipes/debian_pair.yaml --scale $(SCALE) --deadline $(DEADLINE) \
 		$(if $(RETURN),--return-dir $(RETURN) --return-parts 4)
 
 models-unpack: $(STAMP)

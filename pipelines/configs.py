@@ -88,6 +88,7 @@ class TrainConfig:
     eval_examples: int = 512  # validation examples for loss/accuracy
     bleu_examples: int = 128  # validation examples greedily decoded for BLEU (0 = off)
     samples: int = 3  # greedy sample translations printed per evaluation
+    precompile: bool = False  # compile every bucket shape's step in parallel before step 1
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

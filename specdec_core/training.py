@@ -302,9 +302,17 @@ def make_train_step(
         return params, opt_state, metrics
 
     jitted = jax.jit(step, donate_argnums=(0, 1))
-    return lambda params, opt_state, batch, rng=None, lr_scale=1.0: jitted(
-        params, opt_state, batch, teacher_params, rng, jnp.float32(lr_scale)
-    )
+
+    def train_step(params, opt_state, batch, rng=None, lr_scale=1.0):
+        return jitted(params, opt_state, batch, teacher_params, rng, jnp.float32(lr_scale))
+
+    def lower(params, opt_state, batch, rng=None, lr_scale=1.0):
+        """The step lowered for these arguments' shapes (``.compile()`` it ahead of time:
+        a compilation cache then serves the calls)."""
+        return jitted.lower(params, opt_state, batch, teacher_params, rng, jnp.float32(lr_scale))
+
+    train_step.lower = lower
+    return train_step
 
 
 def make_eval_step(logits_fn: LogitsFn) -> Callable:

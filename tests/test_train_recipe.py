@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 
 import pytest
 
@@ -89,7 +90,7 @@ stages:
   - config: {draft}
     after: [tiny]
     budget_s: 20
-    set: [train.distill_weight=1.0, train.bleu_examples=0]
+    set: [train.distill_weight=1.0, train.bleu_examples=0, train.precompile=true]
 """,
         encoding="utf-8",
     )
@@ -106,6 +107,8 @@ def test_recipe_trains_stages_in_order_packs_and_unpacks_byte_for_byte(tmp_path,
     assert out.index("tiny: done") < out.index("] tiny_d: ")  # the draft waited
     manifest = json.loads((returned / recipe.MANIFEST).read_text())
     assert [s["status"] for s in manifest["stages"]] == ["done", "done"]
+    # the draft compiled its bucket shapes (teacher bound) before its first step
+    assert "precompiled the train step for" in (tmp_path / "out" / "tiny_d.log").read_text()
     assert all(s["step"] > 0 for s in manifest["stages"])
     assert len(manifest["parts"]) > 1 and all(p["bytes"] <= 40000 for p in manifest["parts"])
     assert sorted(p.name for p in returned.iterdir()) == [recipe.MANIFEST, "models.tar.part00"]
@@ -148,6 +151,23 @@ def test_recipe_skips_the_stages_after_a_failed_one(tmp_path, capsys):
     assert "stages not finished: tiny, tiny_d" in captured.err
 
 
+def test_recipe_deadline_cuts_budgets_and_skips_what_cannot_fit(tmp_path, capsys):
+    path = _tiny_recipe(tmp_path)  # a target that fails at once (no data), then its draft
+    path.write_text(path.read_text().replace("train.eval_every=1000000", "data.data_dir=/x"))
+    out_dir = tmp_path / "out"
+    loaded = recipe.load_recipe(path)
+    recipe.run_stages(loaded, out_dir=out_dir, scale=3.0, python="python", deadline_s=40,
+                      reserve_s=5)  # fmt: skip
+    out = capsys.readouterr().out
+    assert re.search(r"--time-budget 3[45] ", out)  # 3 x 20 s, cut to end 5 s before 40 s
+    runs = recipe.run_stages(loaded, out_dir=out_dir, scale=3.0, python="python",
+                             deadline_s=20, reserve_s=5)  # fmt: skip
+    assert [(r.status, r.reason) for r in runs] == [
+        ("skipped", "the deadline leaves 15s"),
+        ("skipped", "tiny did not finish"),
+    ]
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
@@ -171,12 +191,8 @@ def test_recipe_errors_name_the_stage_and_key(tmp_path, text, message):
 def test_committed_recipe_loads_and_fits_the_return_limits():
     loaded = recipe.load_recipe(REPO_ROOT / "configs" / "recipes" / "debian_pair.yaml")
     names = [s.name for s in loaded.stages]
-    assert names == [
-        "summ_draft",
-        "ende_target_debian",
-        "ende_draft_debian",
-        "ende_draft_debian_base",
-    ]
+    assert names == ["ende_target_debian", "ende_draft_debian", "ende_draft_debian_base"]
     assert loaded.part_bytes <= 16 * 2**20
-    for stage in loaded.stages[2:]:
+    assert all("train.precompile=true" in stage.overrides for stage in loaded.stages)
+    for stage in loaded.stages[1:]:
         assert stage.after == ("ende_target_debian",)

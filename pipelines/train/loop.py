@@ -25,8 +25,10 @@ import json
 import pathlib
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
+import numpy as np
 
 from pipelines import configs, tracking
 from pipelines.train.checkpoints import (
@@ -387,6 +389,8 @@ class Trainer:
         if self.time_budget_s is not None:  # compilation and loading count against it
             self.budget = TimeBudget(self.time_budget_s, warmup_steps=self.train.warmup_steps)
         params, opt_state, run = self.initial_state(resume=resume)
+        if self.train.precompile:
+            self.precompile(params, opt_state, run.step)
         stop = StopFlag()
         size = configs.param_count(self.file.model) / 1e6
         until = (
@@ -426,6 +430,29 @@ class Trainer:
                 "(loading and compiling count against it): give a larger --time-budget"
             )
         return run
+
+    def precompile(self, params, opt_state, step: int) -> None:
+        """Compiles the train step for every bucket shape at once, before the first step.
+
+        Each shape is lowered here, then compiled on its own thread (XLA compiles outside
+        the GIL); the compilation cache (:func:`enable_compilation_cache`) then serves the
+        loop's calls. A lent accelerator otherwise compiles one shape at a time as the
+        sampler first draws it (four shapes of the 46M target took ~250 s on an H200).
+        """
+        start = time.time()
+        lowered = []
+        for shape, indices in self.sampler.buckets.items():
+            chosen = np.resize(indices, self.sampler.batch_size(shape))
+            batch = make_batch(self.examples, chosen, input_len=shape[0], target_len=shape[1])
+            batch = batch if self.is_encoder_decoder else to_decoder_only(batch)
+            lowered.append(self.train_step.lower(params, opt_state, batch, self.dropout_key(step)))
+        with ThreadPoolExecutor(max_workers=len(lowered)) as pool:
+            list(pool.map(lambda program: program.compile(), lowered))
+        print(
+            f"precompiled the train step for {len(lowered)} bucket shapes "
+            f"{sorted(self.sampler.buckets)} in {time.time() - start:.1f}s",
+            flush=True,
+        )
 
     def dropout_key(self, step: int) -> jax.Array | None:
         """The dropout key of ``step`` (from the seed and the step, so a resumed run drops

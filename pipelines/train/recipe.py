@@ -49,6 +49,7 @@ from pipelines.arguments import add_overrides, ranged
 
 DESCRIPTION = "Train a recipe's stages (configs/recipes/*.yaml) and pack their exports."
 DEFAULT_PART_BYTES = 16_700_000  # under the 16 MiB a lent machine returns per file
+MIN_BUDGET_S = 30.0  # a stage the deadline leaves less than this is skipped
 MANIFEST = "manifest.json"
 STAGE_KEYS = ("config", "budget_s", "after", "set", "resume")
 
@@ -127,13 +128,20 @@ def load_recipe(path: str | pathlib.Path, extra_overrides: Sequence[str] = ()) -
 
 
 def stage_command(
-    stage: Stage, *, scale: float, python: str, tracking_uri: str | None = None
+    stage: Stage,
+    *,
+    scale: float,
+    python: str,
+    tracking_uri: str | None = None,
+    budget_s: float | None = None,
 ) -> list[str]:
-    """The ``specdec train`` command line of one stage."""
+    """The ``specdec train`` command line of one stage (``budget_s``: instead of the
+    stage's own budget times ``scale``)."""
     command = [python, "-m", "pipelines.train", "--config", stage.config]
     if tracking_uri:
         command += ["--tracking-uri", tracking_uri]
-    command += ["--time-budget", f"{max(stage.budget_s * scale, 1.0):g}"]
+    budget = stage.budget_s * scale if budget_s is None else budget_s
+    command += ["--time-budget", f"{max(budget, 1.0):g}"]
     if stage.resume:
         command.append("--resume")
     for override in stage.overrides:
@@ -160,8 +168,17 @@ def run_stages(
     python: str,
     tracking_uri: str | None = None,
     poll_s: float = 1.0,
+    deadline_s: float | None = None,
+    reserve_s: float = 45.0,
 ) -> list[StageRun]:
-    """Runs the stages (each when its ``after`` stages are done); returns their outcomes."""
+    """Runs the stages (each when its ``after`` stages are done); returns their outcomes.
+
+    ``deadline_s`` (seconds from now): a stage's budget is cut so that it ends
+    ``reserve_s`` before the deadline (its last evaluation and export come after its
+    budget); a stage left with less than ``MIN_BUDGET_S`` is skipped, named; a stage
+    still running ``reserve_s`` after the deadline is stopped (SIGTERM: it saves and
+    exports what it has). So the parts are packed before a lent machine's call ends.
+    """
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = {s.name: StageRun(s) for s in recipe.stages}
     env = dict(os.environ, PYTHONUNBUFFERED="1", XLA_PYTHON_CLIENT_PREALLOCATE="false")
@@ -188,8 +205,21 @@ def run_stages(
                     run.status, run.reason = "skipped", f"{blocked[0]} did not finish"
                     print(f"{run.stage.name}: skipped ({run.reason})", flush=True)
                 elif all(b.status == "done" for b in before):
+                    budget = run.stage.budget_s * scale
+                    if deadline_s is not None:
+                        left = deadline_s - (time.time() - start) - reserve_s
+                        if left < min(budget, MIN_BUDGET_S):
+                            run.status = "skipped"
+                            run.reason = f"the deadline leaves {max(left, 0):.0f}s"
+                            print(f"{run.stage.name}: skipped ({run.reason})", flush=True)
+                            continue
+                        budget = min(budget, float(int(left)))
                     command = stage_command(
-                        run.stage, scale=scale, python=python, tracking_uri=tracking_uri
+                        run.stage,
+                        scale=scale,
+                        python=python,
+                        tracking_uri=tracking_uri,
+                        budget_s=budget,
                     )
                     run.log = open(out_dir / f"{run.stage.name}.log", "w")
                     print(f"[{time.time() - start:6.0f}s] {run.stage.name}: {' '.join(command)}")
@@ -201,6 +231,12 @@ def run_stages(
                         stderr=subprocess.STDOUT,
                     )
                     run.status, run.started = "running", time.time()
+            late = deadline_s is not None and time.time() - start > deadline_s + reserve_s
+            for run in runs.values():
+                if late and run.status == "running" and not run.reason:
+                    run.reason = "stopped at the deadline"
+                    print(f"{run.stage.name}: {run.reason}", flush=True)
+                    run.process.terminate()
             sys.stdout.flush()
             time.sleep(poll_s)
     finally:
@@ -326,6 +362,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="with --return-dir: only the first N parts (the rest wait in OUT/parts)",
     )
+    run.add_argument(
+        "--deadline",
+        type=ranged(float, "--deadline", low=0.0, low_open=True),
+        default=None,
+        help="seconds from now by which every stage has ended (budgets are cut to fit; "
+        "a lent machine's call limit minus the packing)",
+    )
     run.add_argument("--python", default=sys.executable, help="the interpreter of the stages")
     run.add_argument("--tracking-uri", default=None, help="MLflow URI of the stages' train runs")
     unpack_parser = sub.add_parser("unpack", help="join and extract returned parts")
@@ -351,6 +394,7 @@ def run(args: argparse.Namespace) -> int:
         scale=args.scale,
         python=args.python,
         tracking_uri=args.tracking_uri,
+        deadline_s=args.deadline,
     )
     for stage_run in runs:  # the end of each log: final eval, checkpoint, errors
         log = out_dir / f"{stage_run.stage.name}.log"
