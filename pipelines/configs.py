@@ -64,6 +64,8 @@ class DataConfig:
     eval_split: str = "validation"
     length_buckets: tuple[int, ...] = ()  # padded lengths of both sides (each capped at its
     #                                       max length); () = automatic (pipelines.train.data)
+    sources: tuple[str, ...] = ()  # source "debian": only these corpus sources (e.g.
+    #                                [ddtp, lohelp]); () = every source in counts.json
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import pathlib
 import zipfile
+from dataclasses import replace as dataclasses_replace
 
 import pytest
 
@@ -301,6 +302,21 @@ def test_read_split_interleaves_sources():
     first = build.read_split(CORPUS, "test")[: len(sources)]
     heads = [build.read_source_split(CORPUS, source, "test")[0] for source in sources]
     assert first == heads
+
+
+def test_data_sources_selects_corpus_sources_and_names_unknown_ones():
+    from pipelines import configs
+    from pipelines.train.data import read_pairs
+
+    data = configs.DataConfig(source="debian", data_dir=str(CORPUS), sources=("ddtp", "lohelp"))
+    pairs = read_pairs(data, "test")
+    assert pairs == build.read_split(CORPUS, "test", ["ddtp", "lohelp"])
+    counts = json.loads((CORPUS / "counts.json").read_text())["pairs"]
+    assert len(pairs) == counts["ddtp"]["test"] + counts["lohelp"]["test"]
+    with pytest.raises(ValueError, match="has no source 'nope'"):
+        read_pairs(dataclasses_replace(data, sources=("nope",)), "test")
+    with pytest.raises(configs.ConfigError, match=r"data\.sources applies to source .debian."):
+        read_pairs(dataclasses_replace(data, source="tsv"), "test")
 
 
 # ------------------------------------------------------------------------- trainer

@@ -88,7 +88,9 @@ def read_pairs(data: configs.DataConfig, split: str) -> list[tuple[str, str]]:
     if data.source == "debian":
         from pipelines.data.debian import build
 
-        return build.read_split(configs.resolve(data.data_dir), split)
+        return build.read_split(configs.resolve(data.data_dir), split, data.sources or None)
+    if data.sources:
+        raise configs.ConfigError(f"data.sources applies to source 'debian', not {data.source!r}")
     from pipelines.data import ding
 
     return ding.read_split(configs.resolve(data.data_dir), split)

@@ -348,7 +348,11 @@ def read_split(
 
     Interleaving makes the first N pairs of a held-out split a mix of every source.
     """
-    names = list(sources) if sources else sources_of(data_dir)
+    known = sources_of(data_dir)
+    names = list(sources) if sources else known
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise ValueError(f"{data_dir} has no source {unknown[0]!r} (it has: {', '.join(known)})")
     per_source = [read_source_split(data_dir, name, split) for name in names]
     out = []
     for index in range(max((len(pairs) for pairs in per_source), default=0)):
