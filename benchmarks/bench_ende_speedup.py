@@ -54,8 +54,7 @@ import numpy as np
 
 from pipelines import model_resolver, study, text
 from pipelines.data import ding
-from specdec_core import decoding, theory
-from specdec_core.models.api import rollback
+from specdec_core import costs, decoding, theory
 from specdec_core.models.bound import load_model
 from specdec_core.sampling import SamplingConfig
 from workers.batching import DecodeSettings, Request, pack
@@ -135,70 +134,10 @@ def alpha_per_draft(target, drafts, encoded, *, temperature, max_new, seed, batc
     return [ci(s, c) for s, c in zip(sums, counts, strict=True)], ci(top_sums, top_counts)
 
 
-def _median_time(fn, repeats: int = 7) -> float:
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
 def decode_cache_len(max_new: int, gamma: int) -> int:
     """Decoder cache slots of a decode as the engine packs it (prompt bucket included)."""
     request = Request(id="x", prompt_tokens=(text.DECODER_START_ID,), encoder_tokens=(EOS,))
     return pack([request], DecodeSettings(gamma=gamma, max_new_tokens=max_new)).max_len
-
-
-def step_costs(
-    target,
-    draft,
-    encoded,
-    *,
-    batch: int,
-    max_k: int,
-    cache_len: int,
-    in_loop: bool = True,
-    repeats: int = 16,
-) -> theory.StepCosts:
-    """Target call times for k = 1..max_k tokens and one draft step, on prefilled caches
-    of ``cache_len`` slots (attention covers every slot, so the decode's cache size
-    matters; :func:`decode_cache_len`).
-
-    ``in_loop`` (the default, for the compiled loop): ``repeats`` calls inside one jitted
-    ``fori_loop`` (each rolls the cache back and rewrites the same k positions), divided
-    by ``repeats``: what a call costs inside the compiled speculative loop, with no
-    per-call dispatch. Otherwise one jitted call from the host (the host loop's cost).
-    """
-    encoder = padded((encoded * batch)[:batch])
-    prompt = np.zeros((batch, 1), np.int32)
-
-    def timer(model, k):
-        step = jax.jit(model.forward)
-        cache = model.new_cache(encoder, batch, cache_len)
-        _, cache = step(cache, prompt)  # the start token, as a decode would
-        tokens = np.full((batch, k), 5, np.int32)
-        if not in_loop:
-            return _median_time(lambda: step(cache, tokens)[0])
-        start = cache.lengths
-
-        @jax.jit
-        def many(cache, tokens):
-            def body(_, carry):
-                cache, acc = carry
-                logits, cache = model.forward(rollback(cache, start), tokens)
-                return cache, acc + logits[:, -1, :1]  # keeps every call live
-
-            acc = jax.numpy.zeros((batch, 1), jax.numpy.float32)
-            return jax.lax.fori_loop(0, repeats, body, (cache, acc))[1]
-
-        return _median_time(lambda: many(cache, tokens), repeats=5) / repeats
-
-    return theory.StepCosts(
-        target_s={k: timer(target, k) for k in range(1, max_k + 1)},
-        draft_step_s=timer(draft, 1),
-    )
 
 
 @flax.struct.dataclass
@@ -285,7 +224,7 @@ def fixed_cost(model, requests, settings: DecodeSettings) -> float:
     packed = pack(requests[: settings.batch_size], settings)
     rows = packed.prompt_tokens.shape[0]
     prefill = decoding.prefill_fn(model.forward)
-    return _median_time(
+    return costs.median_seconds(
         lambda: prefill(
             model.new_cache(packed.encoder_tokens, rows, packed.max_len),
             packed.prompt_tokens,
@@ -444,16 +383,18 @@ def main() -> None:
     in_loop = args.loop == "compiled"  # time calls as the measured loop makes them
     max_k = max(*gammas, 8) + 1
     cache_len = decode_cache_len(args.max_new_tokens, max(gammas))
-    costs = {
-        b: step_costs(
-            target, drafts[0], encoded, batch=b, max_k=max_k, cache_len=cache_len, in_loop=in_loop
+
+    def encoder(b):  # the sentences repeated to b rows
+        return padded((encoded * b)[:b])
+
+    measured = {
+        b: costs.step_costs(
+            target, drafts[0], encoder(b), max_k=max_k, cache_len=cache_len, in_loop=in_loop
         )
         for b in (1, 8)
     }
     draft_costs = {
-        (d.name, b): step_costs(
-            d, d, encoded, batch=b, max_k=1, cache_len=cache_len, in_loop=in_loop
-        ).draft_step_s
+        (d.name, b): costs.call_seconds(d, encoder(b), k=1, cache_len=cache_len, in_loop=in_loop)
         for d in drafts
         for b in (1, 8)
     }
@@ -479,7 +420,7 @@ def main() -> None:
     def full_costs(draft, t, b) -> theory.StepCosts:
         base_overhead, iteration_overhead = overheads[t, b]
         return theory.StepCosts(
-            target_s=costs[b].target_s,
+            target_s=measured[b].target_s,
             draft_step_s=draft_costs[draft.name, b],
             overhead_s=iteration_overhead,
             baseline_overhead_s=base_overhead,
@@ -590,14 +531,14 @@ def main() -> None:
     bleu = sacrebleu.corpus_bleu(hypotheses, [[de for _, de in sentences]]).score
     report["bleu"] = bleu
     report["costs_ms"] = {
-        b: {"target_k": {k: 1e3 * v for k, v in costs[b].target_s.items()}} for b in (1, 8)
+        b: {"target_k": {k: 1e3 * v for k, v in measured[b].target_s.items()}} for b in (1, 8)
     }
     report["draft_step_ms"] = {f"{n}@{b}": 1e3 * v for (n, b), v in draft_costs.items()}
     print(f"\ntarget BLEU (greedy, {len(sentences)} {args.split} sentences): {bleu:.2f}")
     for (en, de), hyp in list(zip(sentences, hypotheses, strict=True))[:3]:
         print(f"  EN  {en}\n  REF {de}\n  OUT {hyp}")
     for b in (1, 8):
-        ks = ", ".join(f"k={k} {1e3 * v:.2f}" for k, v in costs[b].target_s.items())
+        ks = ", ".join(f"k={k} {1e3 * v:.2f}" for k, v in measured[b].target_s.items())
         print(f"target call ms at batch {b}: {ks}")
     print(
         "draft step ms: "

@@ -12,16 +12,17 @@ the target's own (T=0).
 
 Jobs (``--jobs`` picks some):
 
-- ``translate``: the Debian pair (``ende_target_debian`` + ``ende_draft_debian_kd``) on
-  ``assets/samples/en_de_debian_sample.tsv`` = ``make run``, through Ray and in-process,
-  γ auto and γ = 1, 2, 3 (the sweep the auto choice is compared with);
+- ``translate``: the Debian pair (``ende_target_debian`` + ``--draft``, by default
+  make run's ``ende_draft_debian``) on ``assets/samples/en_de_debian_sample.tsv`` =
+  ``make run``, through Ray and in-process, γ auto and γ = 1, 2, 3 (the sweep the auto
+  choice is compared with);
 - ``summarize``: the summarizer pair (``summ_target`` + ``summ_draft``) on
   ``assets/data/summaries/test_sample.jsonl``, and with the copy draft, γ auto.
 
 Usage (BENCHMARKS.md "Automatic γ" gives the command run)::
 
     .venv/bin/python benchmarks/bench_jobs_gamma.py [--rounds 2] [--jobs translate,summarize]
-        [--json runs/bench/jobs_gamma.json]
+        [--json runs/bench/jobs_gamma.json] [--draft NAME]
 """
 
 from __future__ import annotations
@@ -37,25 +38,37 @@ import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 INPROCESS = ("--workers", "inprocess")
-TRANSLATE = (
-    "translate",
-    "--input", "assets/samples/en_de_debian_sample.tsv",
-    "--target", "ende_target_debian", "--draft", "ende_draft_debian_kd",
-)  # fmt: skip
+RAY = ("--workers", "ray")
+DEFAULT_DRAFT = "ende_draft_debian"  # make run's draft
+
+
+def translate_args(draft: str) -> tuple[str, ...]:
+    return (
+        "translate",
+        "--input", "assets/samples/en_de_debian_sample.tsv",
+        "--target", "ende_target_debian", "--draft", draft,
+    )  # fmt: skip
+
+
 SUMMARIZE = (
     "summarize",
     "--input", "assets/data/summaries/test_sample.jsonl",
     "--target", "summ_target",
 )  # fmt: skip
-JOBS = {  # name -> (group, arguments)
-    "translate ray auto": ("translate", (*TRANSLATE, "--workers", "ray")),
-    "translate inprocess auto": ("translate", (*TRANSLATE, *INPROCESS)),
-    "translate inprocess γ=1": ("translate", (*TRANSLATE, *INPROCESS, "--gamma", "1")),
-    "translate inprocess γ=2": ("translate", (*TRANSLATE, *INPROCESS, "--gamma", "2")),
-    "translate inprocess γ=3": ("translate", (*TRANSLATE, *INPROCESS, "--gamma", "3")),
-    "summarize ray auto": ("summarize", (*SUMMARIZE, "--draft", "summ_draft", "--workers", "ray")),
-    "summarize ray auto, copy": ("summarize", (*SUMMARIZE, "--draft", "copy", "--workers", "ray")),
-}  # fmt: skip
+
+
+def jobs(translate_draft: str = DEFAULT_DRAFT) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Job name -> (group, arguments)."""
+    translate = translate_args(translate_draft)
+    return {
+        "translate ray auto": ("translate", (*translate, *RAY)),
+        "translate inprocess auto": ("translate", (*translate, *INPROCESS)),
+        "translate inprocess γ=1": ("translate", (*translate, *INPROCESS, "--gamma", "1")),
+        "translate inprocess γ=2": ("translate", (*translate, *INPROCESS, "--gamma", "2")),
+        "translate inprocess γ=3": ("translate", (*translate, *INPROCESS, "--gamma", "3")),
+        "summarize ray auto": ("summarize", (*SUMMARIZE, "--draft", "summ_draft", *RAY)),
+        "summarize ray auto, copy": ("summarize", (*SUMMARIZE, "--draft", "copy", *RAY)),
+    }  # fmt: skip
 
 
 def run_job(name: str, args: tuple[str, ...], folder: pathlib.Path) -> dict:
@@ -76,10 +89,16 @@ def run_job(name: str, args: tuple[str, ...], folder: pathlib.Path) -> dict:
     return summary
 
 
+def _median_cell(runs: list[dict], key: str) -> str:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return f"{statistics.median(values):.3f} | " if values else "— | "
+
+
 def table(results: dict[str, list[dict]]) -> str:
     lines = [
-        "| job | speedup (median) | range | α (ML) | batches at γ | identical | job s |",
-        "|---|---|---|---|---|---|---|",
+        "| job | speedup (median) | range | predicted (costs) | measured / predicted | α (ML) "
+        "| c (est.) | batches at γ | identical | job s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, runs in results.items():
         speedups = [r["speedup"] for r in runs]
@@ -87,7 +106,10 @@ def table(results: dict[str, list[dict]]) -> str:
         lines.append(
             f"| {name} | {statistics.median(speedups):.3f} | "
             f"{min(speedups):.3f}–{max(speedups):.3f} | "
-            f"{statistics.median(r['alpha'] for r in runs):.3f} | "
+            + _median_cell(runs, "predicted_speedup")
+            + _median_cell(runs, "efficiency")
+            + f"{statistics.median(r['alpha'] for r in runs):.3f} | "
+            + (f"{c:.3f} | " if (c := runs[-1].get("c_estimate")) is not None else "— | ")
             + (", ".join(f"γ={g}: {n}" for g, n in histogram.items()) or "—")
             + f" | {all(r['identical_to_baseline'] for r in runs)} | "
             f"{statistics.median(r['process_s'] for r in runs):.0f} |"
@@ -100,12 +122,14 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--jobs", default="translate,summarize", help="groups to run")
     parser.add_argument("--json", default=None, help="write every run's summary here")
+    parser.add_argument("--draft", default=DEFAULT_DRAFT, help="the translate jobs' draft")
     args = parser.parse_args(argv)
     groups = set(args.jobs.split(","))
-    unknown = groups - {group for group, _ in JOBS.values()}
+    known = jobs(args.draft)
+    unknown = groups - {group for group, _ in known.values()}
     if unknown:
         parser.error(f"unknown job group(s): {', '.join(sorted(unknown))}")
-    chosen = {name: job for name, (group, job) in JOBS.items() if group in groups}
+    chosen = {name: job for name, (group, job) in known.items() if group in groups}
     results: dict[str, list[dict]] = {name: [] for name in chosen}
     with tempfile.TemporaryDirectory(prefix="bench-jobs-") as folder:
         for round_ in range(1, args.rounds + 1):

@@ -86,6 +86,44 @@ def cost_coefficient(rows: Sequence[dict], gamma: int) -> float | None:
     return (iteration / target_step - 1.0) / gamma if target_step > 0 else None
 
 
+def prediction(rows: Sequence[dict], summary: dict[str, Any], costs) -> dict[str, Any]:
+    """What the cost model predicts for this run, and how much of it the run reached.
+
+    ``costs`` (``theory.StepCosts``): the target's call seconds on k tokens and a draft
+    step, measured on decode-sized caches (``workers.engine.measure_step_costs``). The
+    loop's own work per step (sampling, commit, the loop) is what the run's target-alone
+    decode spent per step beyond the target call; a speculative iteration is assumed to
+    pay it once too. With the run's acceptance at each position and the tokens it
+    decoded at each γ, ``specdec_core.costs.predicted_tokens_speedup`` gives
+    ``predicted_speedup``; ``efficiency`` = measured / predicted (below 1: time lost
+    outside the model), ``baseline_at_limit`` = the target call's seconds over the
+    target-alone decode's seconds per step (1: no time outside the call).
+    """
+    from specdec_core import costs as cost_model
+
+    base_step_s = _wall_s(rows, "baseline_wall_ms") / max(
+        _per_batch_max(rows, "baseline_tokens"), 1
+    )
+    overhead = max(base_step_s - costs.target_s[1], 0.0)
+    full = dataclasses.replace(costs, overhead_s=overhead, baseline_overhead_s=overhead)
+    tokens_by_gamma: dict[int, int] = {}
+    for row in rows:
+        tokens_by_gamma[row_gamma(row)] = tokens_by_gamma.get(row_gamma(row), 0) + row["tokens"]
+    predicted = cost_model.predicted_tokens_speedup(
+        summary["acceptance_by_position"], tokens_by_gamma, full
+    )
+    return {
+        "predicted_speedup": predicted,
+        "efficiency": summary["speedup"] / predicted if summary["speedup"] else None,
+        "baseline_at_limit": costs.target_s[1] / base_step_s if base_step_s > 0 else None,
+        "step_costs_ms": {
+            "target": {str(k): 1e3 * v for k, v in sorted(costs.target_s.items())},
+            "draft_step": 1e3 * costs.draft_step_s,
+            "loop_per_step": 1e3 * overhead,
+        },
+    }
+
+
 def quality(rows: Sequence[dict], metric: str) -> dict[str, float | None]:
     """BLEU (sacrebleu) or ROUGE-1/2/L F1 ×100 (rouge-score) over rows with references."""
     scored = [row for row in rows if row.get("reference")]
@@ -225,6 +263,7 @@ def _numeric_metrics(summary: dict[str, Any], traffic: dict | None) -> dict[str,
         "records_in records_out records_failed speedup alpha accepted_per_drafted "
         "mean_accepted_length "
         "predicted_tokens_per_iteration c_estimate tokens tokens_per_s baseline_tokens_per_s "
+        "predicted_speedup efficiency baseline_at_limit "
         "decode_s bleu rouge1 rouge2 rougeL job_s first_record_s"
     ).split()
     metrics = {k: float(summary[k]) for k in keys if summary.get(k) is not None}
@@ -421,6 +460,16 @@ def log_saved_run(summary_json: str, tracking_uri: str | None = None) -> str:
     return run.info.run_id
 
 
+def _step_costs_line(costs: dict | None) -> str:
+    if not costs:
+        return "n/a"
+    target = ", ".join(f"k={k} {v:.2f}" for k, v in costs["target"].items())
+    return (
+        f"target {target}; draft step {costs['draft_step']:.2f}; "
+        f"loop {costs['loop_per_step']:.2f} per step"
+    )
+
+
 def _fmt(value: Any) -> str:
     if value is None:
         return "n/a"
@@ -462,6 +511,10 @@ def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
         ("  predicted from α", _fmt(summary["predicted_tokens_per_iteration"])),
         ("acceptance by position", _fmt(summary["acceptance_by_position"])),
         ("cost coefficient c (est.)", _fmt(summary["c_estimate"])),
+        ("predicted speedup (costs)", _fmt(summary.get("predicted_speedup"))),
+        ("  measured / predicted", _fmt(summary.get("efficiency"))),
+        ("  target alone at its call", _fmt(summary.get("baseline_at_limit"))),
+        ("step costs (ms)", _step_costs_line(summary.get("step_costs_ms"))),
         ("bytes per iteration (Ray)", _fmt(summary["bytes_per_iteration"])),
         (
             "time breakdown (s)",

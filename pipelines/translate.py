@@ -58,8 +58,8 @@ from pipelines.model_resolver import (
     ResolvedModel,
 )
 from pipelines.transforms import engine_copies, run_pipeline
-from workers.batching import DecodeSettings
-from workers.engine import EngineConfig, check_models
+from workers.batching import DecodeSettings, Request
+from workers.engine import EngineConfig, check_models, measure_step_costs
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -211,6 +211,10 @@ def run_job(job: JobConfig) -> dict[str, Any]:
             compare_baseline=job.compare_baseline,
             quality_metric=job.kind.quality_metric,
         )
+        if job.compare_baseline and summary["speedup"] is not None:
+            probe_start = time.perf_counter()
+            summary |= _prediction(job, rows, summary)
+            phases["cost_probe"] = time.perf_counter() - probe_start
         summary |= {
             "records_resumed": len(done),
             "bytes_per_iteration": traffic["bytes_per_iteration"] if traffic else None,
@@ -239,6 +243,30 @@ def run_job(job: JobConfig) -> dict[str, Any]:
     if job.summary_json or run.error is not None:
         part_files.write_atomic(summary_path, json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _prediction(job: JobConfig, rows: list[dict], summary: dict[str, Any]) -> dict[str, Any]:
+    """The cost model's predicted speedup for the run and measured / predicted
+    (``job_report.prediction``), the model calls timed here on the run's median-length
+    record (batch and cache as the engine packs it; k = 1 and γ+1 for each γ the run
+    used). Where they cannot be measured (a draft with no model calls, a target on a
+    mesh), the summary says why instead."""
+    if job.target.spec.mesh is not None:
+        return {"predicted_speedup": None, "prediction_error": "the target runs on a mesh"}
+    ks = sorted({1} | {g + 1 for g in map(job_report.row_gamma, rows) if g})
+    median = sorted(rows, key=lambda row: len(row["source"]))[len(rows) // 2]
+    eos_id = job.settings.eos_id if job.settings.eos_id is not None else text.EOS_ID
+    encoded = text.encode(
+        text.sentencepiece(job.vocab_path), job.kind.prefix, median["source"], eos_id
+    )
+    request = Request(
+        id="cost-probe", prompt_tokens=(text.DECODER_START_ID,), encoder_tokens=encoded
+    )
+    try:
+        costs = measure_step_costs(job.target.spec, job.draft.spec, job.settings, request, ks=ks)
+        return job_report.prediction(rows, summary, costs)
+    except Exception as error:  # reported in the summary: the job's result stands
+        return {"predicted_speedup": None, "prediction_error": f"{type(error).__name__}: {error}"}
 
 
 def default_summary_path(output: str) -> str:

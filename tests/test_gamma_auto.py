@@ -187,7 +187,7 @@ def test_a_drafts_config_gives_auto_gamma_its_prior(tmp_path):
     from workers.engine import EngineConfig, build_engine
 
     draft = model_resolver.resolve_model("ende_draft_debian_kd", role="draft").spec
-    assert draft.gamma_prior == GammaPrior(alpha=0.35, draft_c=0.21)
+    assert draft.gamma_prior == GammaPrior(alpha=0.33, draft_c=0.25)
     # With that prior the first batch is the target alone (the default prior drafts).
     assert AdaptiveGamma(4, prior=draft.gamma_prior).choose() == 0
     assert AdaptiveGamma(4).choose() >= 1
@@ -393,7 +393,8 @@ def test_negative_control_wrong_rule_is_caught_while_gamma_changes(monkeypatch):
 
 from tests.test_translate_job import models, run_job, tracking_uri, workdir  # noqa: E402, F401
 
-PHASES = {"startup", "mlflow", "engine_start", "warmup", "decode", "baseline", "beam_io", "report"}
+PHASES = {"startup", "mlflow", "engine_start", "warmup", "decode", "baseline", "beam_io", "report",
+          "cost_probe"}  # fmt: skip
 
 
 @pytest.mark.slow
@@ -410,3 +411,6 @@ def test_job_with_auto_gamma_reports_its_choices_and_time(run_job):  # noqa: F81
     assert set(breakdown) == PHASES and all(v >= 0 for v in breakdown.values())
     assert breakdown["decode"] <= summary["job_s"]
     assert 0 < summary["first_record_s"]
+    # the cost model's prediction covers the γ = 0 batches (a target-alone token each)
+    assert summary["predicted_speedup"] > 0
+    assert summary["efficiency"] == pytest.approx(summary["speedup"] / summary["predicted_speedup"])

@@ -20,6 +20,8 @@ import yaml
 from pipelines import inference, job_report, record_io, text, transforms, translate
 from pipelines.cli import main
 from pipelines.model_resolver import DEFAULT_VOCAB
+from specdec_core import costs as speculative_costs
+from specdec_core import theory
 from workers.batching import DecodeSettings, Generation
 from workers.engine import EngineConfig
 
@@ -207,6 +209,11 @@ def test_greedy_job_writes_every_record_and_equals_the_baseline(run_job):
     assert summary["rouge1"] is None and summary["bytes_per_iteration"] is None
     assert re.fullmatch(r"[0-9a-f]{32}", summary["mlflow_run_id"])
     assert SUMMARY_KEYS <= set(summary)
+    # the cost model's prediction, from the model calls timed after the run
+    assert summary["predicted_speedup"] > 0 and summary["baseline_at_limit"] > 0
+    assert summary["efficiency"] == pytest.approx(summary["speedup"] / summary["predicted_speedup"])
+    assert set(summary["step_costs_ms"]["target"]) == {"1", str(GAMMA + 1)}
+    assert summary["time_breakdown"]["cost_probe"] > 0
 
 
 def test_mlflow_run_has_params_metrics_and_artifacts(run_job, models, tracking_uri, tmp_path):
@@ -559,6 +566,39 @@ def test_an_engine_error_costs_only_the_failing_record():
     assert results[0].generation.tokens == [5, 1] and results[0].baseline.tokens == [5, 1]
 
 
+class _OrderEngine(_FakeEngine):
+    """Records which of the paired calls ran first."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, requests):
+        self.calls.append("speculative")
+        return super().generate(requests)
+
+    def generate_baseline(self, requests):
+        self.calls.append("baseline")
+        return super().generate(requests)
+
+
+def test_the_paired_calls_alternate_their_order_batch_by_batch():
+    handler = inference.SpeculativeModelHandler(
+        target=None, draft=None, settings=_FakeEngine.settings,
+        engine=EngineConfig(kind="inprocess"), compare_baseline=True, job_id="test",
+        warmup=False, progress=False,
+    )  # fmt: skip
+    engine = _OrderEngine()
+    for n in range(4):
+        item = inference.Tokenized(
+            record=record_io.Record(id=str(n), source="x", line=n + 1), encoder_tokens=(7, 1)
+        )
+        (decoded,) = handler.run_inference([item], inference.MeteredEngine(engine, start_s=0.0))
+        assert decoded.baseline.tokens == decoded.generation.tokens == [5, 1]
+    firsts = engine.calls[0::2]
+    assert firsts == ["speculative", "baseline", "speculative", "baseline"]
+    assert sorted(engine.calls) == ["baseline"] * 4 + ["speculative"] * 4
+
+
 class _FakeRayEngine:
     """Ray-engine figures in the order a job sees them: 10 iterations / 1000 bytes, then
     a coordinator restart (its count starts again from 0) and 4 / 300 more."""
@@ -636,3 +676,22 @@ def test_summary_figures_from_rows():
     assert summary["identical_to_baseline"] is False
     assert summary["bleu"] == pytest.approx(100.0)
     assert job_report.quality(rows, "rouge")["rougeL"] == pytest.approx(100.0)
+    # The cost model: target 40 ms on 1 token, 50 ms on 4; a draft step 4 ms. The
+    # target-alone decode spent 50 ms a step, so 10 ms of loop work per step. An
+    # iteration: 3 x 4 + 50 + 10 = 72 ms for 1 + 0.8 + 0.4 + 0.2 = 2.4 tokens, 30 ms a
+    # token against 50: 5/3 predicted; measured (12/0.18)/(12/0.4) = 20/9.
+    costs = theory.StepCosts(target_s={1: 0.04, 4: 0.05}, draft_step_s=0.004)
+    predicted = job_report.prediction(rows, summary, costs)
+    assert predicted["predicted_speedup"] == pytest.approx(5 / 3)
+    assert predicted["efficiency"] == pytest.approx((20 / 9) / (5 / 3))
+    assert predicted["baseline_at_limit"] == pytest.approx(0.8)
+    step_ms = predicted["step_costs_ms"]
+    assert step_ms["target"] == pytest.approx({"1": 40.0, "4": 50.0})
+    assert (step_ms["draft_step"], step_ms["loop_per_step"]) == pytest.approx((4.0, 10.0))
+    # tokens decoded by the target alone (γ = 0) cost a target-alone token each
+    mixed = dataclasses.replace(costs, overhead_s=0.01, baseline_overhead_s=0.01)
+    assert speculative_costs.predicted_tokens_speedup(
+        [0.8, 0.4, 0.2], {0: 10, 3: 12}, mixed
+    ) == pytest.approx(22 * 0.05 / (10 * 0.05 + 12 * 0.03))
+    with pytest.raises(ValueError, match="no acceptance measured at position 3"):
+        speculative_costs.predicted_tokens_speedup([0.8], {3: 12}, mixed)

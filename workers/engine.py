@@ -161,6 +161,33 @@ def clear_model_cache() -> None:
     _cached_model.cache_clear()
 
 
+def measure_step_costs(
+    target: ModelSpec,
+    draft: ModelSpec,
+    settings: DecodeSettings,
+    request: Request,
+    *,
+    ks: Sequence[int],
+    repeats: int = 8,
+):
+    """The cost model's inputs (``theory.StepCosts``), measured in this process on the
+    job's models at the shape the engine packs ``settings.batch_size`` copies of
+    ``request`` into: the target on each k of ``ks`` tokens and one draft step, on
+    decode-sized caches, as the compiled loop calls them (``specdec_core.costs``). In-process
+    jobs reuse their loaded models; for a Ray job the models load here (this host's
+    figures, not those of the workers' devices)."""
+    from specdec_core import costs, theory
+
+    batch = pack([request] * settings.batch_size, settings)
+    encoder = batch.encoder_tokens
+    target_model, draft_model = _bound_model(target), _bound_model(draft)
+    timed = dict(cache_len=batch.max_len, batch=batch.size, repeats=repeats)
+    return theory.StepCosts(
+        target_s={k: costs.call_seconds(target_model, encoder, k=k, **timed) for k in ks},
+        draft_step_s=costs.call_seconds(draft_model, encoder, k=1, **timed),
+    )
+
+
 def decode_speculative(
     target: BoundModel,
     draft: BoundModel,

@@ -1,0 +1,129 @@
+"""Measured step costs: what a model call costs on decode-sized caches.
+
+:func:`step_costs` times the target on k = 1..max_k tokens and one draft step, each on a
+cache prefilled as a decode's would be (``cache_len`` slots: attention covers every slot,
+so the decode's cache size matters). The result is a :class:`theory.StepCosts`, from which
+:func:`theory.predicted_speedup` and :func:`predicted_tokens_speedup` give the speedup the
+cost model predicts. The jobs (``--compare-baseline``) and the benchmarks use it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specdec_core import theory
+from specdec_core.models.api import rollback
+
+
+def median_seconds(fn: Callable[[], object], repeats: int = 7) -> float:
+    """Median wall seconds of ``fn()`` (outputs blocked on) after one untimed call."""
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def call_seconds(
+    model,
+    encoder_tokens: np.ndarray | None,
+    *,
+    k: int,
+    cache_len: int,
+    batch: int | None = None,
+    in_loop: bool = True,
+    repeats: int = 16,
+) -> float:
+    """Seconds of one ``model.forward`` call on ``k`` tokens per row after the start token.
+
+    ``encoder_tokens``: int32 [B, S] (encoder-decoder models; None for decoder-only, then
+    ``batch`` rows, 1 by default). ``in_loop`` (for the compiled loop): ``repeats`` calls
+    inside one jitted ``fori_loop``, each rolling the cache back and rewriting the same k
+    positions, divided by ``repeats``: the call's cost with no per-call dispatch.
+    Otherwise one jitted call from the host (the host loop's cost).
+    """
+    if encoder_tokens is not None:
+        batch = encoder_tokens.shape[0]
+    batch = batch or 1
+    step = jax.jit(model.forward)
+    cache = model.new_cache(encoder_tokens, batch, cache_len)
+    _, cache = step(cache, np.zeros((batch, 1), np.int32))  # the start token, as a decode
+    tokens = np.full((batch, k), 5, np.int32)
+    if not in_loop:
+        return median_seconds(lambda: step(cache, tokens)[0])
+    start = cache.lengths
+
+    @jax.jit
+    def many(cache, tokens):
+        def body(_, carry):
+            cache, acc = carry
+            logits, cache = model.forward(rollback(cache, start), tokens)
+            return cache, acc + logits[:, -1, :1]  # keeps every call live
+
+        acc = jnp.zeros((batch, 1), jnp.float32)
+        return jax.lax.fori_loop(0, repeats, body, (cache, acc))[1]
+
+    return median_seconds(lambda: many(cache, tokens), repeats=5) / repeats
+
+
+def step_costs(
+    target,
+    draft,
+    encoder_tokens: np.ndarray | None,
+    *,
+    max_k: int,
+    cache_len: int,
+    in_loop: bool = True,
+    repeats: int = 16,
+) -> theory.StepCosts:
+    """Target call seconds for k = 1..max_k tokens and one draft step (k = 1)."""
+    timed = dict(cache_len=cache_len, in_loop=in_loop, repeats=repeats)
+    return theory.StepCosts(
+        target_s={
+            k: call_seconds(target, encoder_tokens, k=k, **timed) for k in range(1, max_k + 1)
+        },
+        draft_step_s=call_seconds(draft, encoder_tokens, k=1, **timed),
+    )
+
+
+def predicted_tokens_speedup(
+    acceptance_by_position: Sequence[float],
+    tokens_by_gamma: Mapping[int, int],
+    costs: theory.StepCosts,
+) -> float:
+    """The speedup the cost model predicts for a run that decoded ``tokens_by_gamma[γ]``
+    tokens at each γ (0: the target alone), given its measured acceptance.
+
+    ``acceptance_by_position[i-1]``: the share of iterations whose position i was
+    accepted (so an iteration at γ yields 1 + Σ_{i≤γ} of them tokens, in expectation: the
+    per-position form of Equation 1). An iteration costs γ draft steps, one target call on
+    γ+1 tokens and ``costs.iteration_overhead_s(γ)``; a target-alone token costs
+    ``target_s[1] + baseline_overhead_s``. The run's figure is the token-weighted harmonic
+    mean of the per-γ speedups (its total time over the target alone's).
+    """
+    baseline_token_s = costs.target_s[1] + costs.baseline_overhead_s
+    total = sum(tokens_by_gamma.values())
+    if total <= 0:
+        raise ValueError("no tokens to predict a speedup for")
+    seconds = 0.0
+    for gamma, tokens in tokens_by_gamma.items():
+        if gamma == 0:
+            seconds += tokens * baseline_token_s
+            continue
+        if gamma > len(acceptance_by_position):
+            raise ValueError(f"no acceptance measured at position {gamma}")
+        per_iteration = 1.0 + float(sum(acceptance_by_position[:gamma]))
+        iteration_s = (
+            gamma * costs.draft_step_s
+            + costs.target_s[gamma + 1]
+            + costs.iteration_overhead_s(gamma)
+        )
+        seconds += tokens * iteration_s / per_iteration
+    return total * baseline_token_s / seconds
