@@ -26,7 +26,7 @@ install: $(STAMP)
 ## speedup, logged to MLflow (runs/mlflow.db).
 run: $(RUN_STAMP)
 	$(BIN)/specdec translate --input assets/samples/en_de_debian_sample.tsv \
-	    --target ende_target_debian --draft ende_draft_debian_kd \
+	    --target ende_target_debian --draft ende_draft_debian \
 	    --output runs/translate/sample.jsonl --compare-baseline \
 	    --summary-json runs/translate/sample.summary.json
 
