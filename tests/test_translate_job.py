@@ -546,12 +546,17 @@ class _FakeEngine:
     generate_baseline = generate
 
 
-def test_an_engine_error_costs_only_the_failing_record():
-    handler = inference.SpeculativeModelHandler(
+def _handler() -> inference.SpeculativeModelHandler:
+    """A handler with --compare-baseline over an engine the test passes in."""
+    return inference.SpeculativeModelHandler(
         target=None, draft=None, settings=_FakeEngine.settings,
         engine=EngineConfig(kind="inprocess"), compare_baseline=True, job_id="test",
         warmup=False, progress=False,
     )  # fmt: skip
+
+
+def test_an_engine_error_costs_only_the_failing_record():
+    handler = _handler()
     items = [
         inference.Tokenized(record=record_io.Record(id=i, source=i, line=n), encoder_tokens=(7, 1))
         for n, i in enumerate(["ok1", "bad", "ok2"], start=1)
@@ -582,11 +587,7 @@ class _OrderEngine(_FakeEngine):
 
 
 def test_the_paired_calls_alternate_their_order_batch_by_batch():
-    handler = inference.SpeculativeModelHandler(
-        target=None, draft=None, settings=_FakeEngine.settings,
-        engine=EngineConfig(kind="inprocess"), compare_baseline=True, job_id="test",
-        warmup=False, progress=False,
-    )  # fmt: skip
+    handler = _handler()
     engine = _OrderEngine()
     for n in range(4):
         item = inference.Tokenized(
