@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specdec_core import theory
+from specdec_core.models import families
 from specdec_core.models.api import rollback
 
 
@@ -52,25 +53,41 @@ def call_seconds(
     if encoder_tokens is not None:
         batch = encoder_tokens.shape[0]
     batch = batch or 1
-    step = jax.jit(model.forward)
+    forward, params = _with_params(model)
+    step = jax.jit(forward)
     cache = model.new_cache(encoder_tokens, batch, cache_len)
-    _, cache = step(cache, np.zeros((batch, 1), np.int32))  # the start token, as a decode
+    _, cache = step(params, cache, np.zeros((batch, 1), np.int32))  # the start token
     tokens = np.full((batch, k), 5, np.int32)
     if not in_loop:
-        return median_seconds(lambda: step(cache, tokens)[0])
-    start = cache.lengths
+        return median_seconds(lambda: step(params, cache, tokens)[0])
 
     @jax.jit
-    def many(cache, tokens):
+    def many(params, cache, tokens):
+        start = cache.lengths
+
         def body(_, carry):
             cache, acc = carry
-            logits, cache = model.forward(rollback(cache, start), tokens)
+            logits, cache = forward(params, rollback(cache, start), tokens)
             return cache, acc + logits[:, -1, :1]  # keeps every call live
 
         acc = jnp.zeros((batch, 1), jnp.float32)
         return jax.lax.fori_loop(0, repeats, body, (cache, acc))[1]
 
-    return median_seconds(lambda: many(cache, tokens), repeats=5) / repeats
+    return median_seconds(lambda: many(params, cache, tokens), repeats=5) / repeats
+
+
+def _with_params(model) -> tuple[Callable, object]:
+    """``(forward(params, cache, tokens), params)``: the model's forward with its params as
+    an argument, so that a jitted call takes them as inputs instead of baking every weight
+    into the program as a constant (slow to compile, and a cache entry the size of the
+    model). Other models (n-gram and copy drafts, whose params are tables or none) keep
+    their own forward."""
+    family_name = getattr(model, "family", None)
+    family = families.get(family_name) if family_name is not None else None
+    if family is None or not family.has_checkpoint:
+        return (lambda _params, cache, tokens: model.forward(cache, tokens)), None
+    params = model.params
+    return (lambda p, cache, tokens: family.forward(model.config, p)(cache, tokens)), params
 
 
 def step_costs(
