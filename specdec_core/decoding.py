@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import flax.struct
@@ -108,6 +109,26 @@ def init_state(
     )
 
 
+def jit_over(make: Callable, forwards: Sequence[Forward], donate_argnums: tuple[int, ...] = ()):
+    """``jax.jit(make(*forwards))``, with each bound model's params as inputs of the program.
+
+    A trained model's forward is a ``jax.tree_util.Partial`` holding its params: passed in
+    as an argument, ``make`` builds the step on the traced forward, so the weights are
+    inputs rather than constants baked into the program (baked, every compile folds the
+    whole model and every cache entry is the model's size). Other forwards (n-gram
+    tables, stand-ins) stay closed over. ``donate_argnums`` count the step's own arguments.
+    """
+    dynamic = tuple(isinstance(f, jax.tree_util.Partial) for f in forwards)
+
+    def run(traced, *args):
+        supplied = iter(traced)
+        fs = [next(supplied) if d else f for f, d in zip(forwards, dynamic, strict=True)]
+        return make(*fs)(*args)
+
+    jitted = jax.jit(run, donate_argnums=tuple(i + 1 for i in donate_argnums))
+    return functools.partial(jitted, tuple(f for f, d in zip(forwards, dynamic, strict=True) if d))
+
+
 @functools.lru_cache(maxsize=COMPILED_CACHE_SIZE)
 def _init_state_fn(width: int, gamma: int):
     """One compiled call builds the whole state (a dozen tiny ops would each dispatch)."""
@@ -139,11 +160,14 @@ def prefill_fn(forward: Forward):
     """``(cache, prompt_tokens [B, P], prompt_lengths [B]) -> cache``: writes the prompt
     from position 0 and keeps all but its last token (the pending one)."""
 
-    def prefill(cache, prompt_tokens, prompt_lengths):
-        _, cache = forward(rollback(cache, jnp.zeros_like(prompt_lengths)), prompt_tokens)
-        return rollback(cache, prompt_lengths - 1)
+    def make(forward):
+        def prefill(cache, prompt_tokens, prompt_lengths):
+            _, cache = forward(rollback(cache, jnp.zeros_like(prompt_lengths)), prompt_tokens)
+            return rollback(cache, prompt_lengths - 1)
 
-    return jax.jit(prefill)
+        return prefill
+
+    return jit_over(make, (forward,))
 
 
 def _commit_block(
@@ -180,6 +204,10 @@ def _commit_block(
 
 @functools.lru_cache(maxsize=COMPILED_CACHE_SIZE)
 def _autoregressive_fn(forward: Forward, config: sampling.SamplingConfig, eos_id: int | None):
+    return jit_over(lambda f: _autoregressive(f, config, eos_id), (forward,), donate_argnums=(1,))
+
+
+def _autoregressive(forward: Forward, config: sampling.SamplingConfig, eos_id: int | None):
     def step(carry):
         state, cache = carry
         logits, cache = forward(cache, state.pending[:, None])
@@ -198,7 +226,7 @@ def _autoregressive_fn(forward: Forward, config: sampling.SamplingConfig, eos_id
     def run(state, cache):
         return jax.lax.while_loop(lambda c: ~jnp.all(c[0].done), step, (state, cache))
 
-    return jax.jit(run, donate_argnums=1)
+    return run
 
 
 def autoregressive_generate(
@@ -241,7 +269,7 @@ def propose_fn(draft: Forward, gamma: int, config: sampling.SamplingConfig, firs
     The draft samples γ tokens autoregressively from its own sampling distribution.
     ``first``: the draft's cache was just prefilled (it holds ``seq_lengths - 1``).
     """
-    return jax.jit(_propose(draft, gamma, config, first), donate_argnums=0)
+    return jit_over(lambda d: _propose(d, gamma, config, first), (draft,), donate_argnums=(0,))
 
 
 def _propose(draft: Forward, gamma: int, config: sampling.SamplingConfig, first: bool):
@@ -278,7 +306,7 @@ def _propose(draft: Forward, gamma: int, config: sampling.SamplingConfig, first:
 @functools.lru_cache(maxsize=COMPILED_CACHE_SIZE)
 def score_fn(target: Forward, config: sampling.SamplingConfig):
     """``(target_cache, state, draft_tokens [B, γ]) -> (target_probs [B, γ+1, V], cache)``."""
-    return jax.jit(_score(target, config), donate_argnums=0)
+    return jit_over(lambda t: _score(t, config), (target,), donate_argnums=(0,))
 
 
 def _score(target: Forward, config: sampling.SamplingConfig):
@@ -414,6 +442,11 @@ def _compiled_loop_fn(
     verify/commit steps as the host loop (so the same tokens), with no host round trip
     per iteration. ``(state, target_cache, draft_cache) -> (state, target_cache, draft_cache)``
     on prefilled caches."""
+    make = functools.partial(_compiled_loop, gamma=gamma, config=config, eos_id=eos_id)
+    return jit_over(make, (target, draft), donate_argnums=(1, 2))
+
+
+def _compiled_loop(target: Forward, draft: Forward, *, gamma, config, eos_id):
     propose_first, propose = (_propose(draft, gamma, config, f) for f in (True, False))
     score = _score(target, config)
 
@@ -436,7 +469,7 @@ def _compiled_loop_fn(
             lambda c: ~jnp.all(c[0].done), lambda c: iteration(propose, *c), carry
         )
 
-    return jax.jit(run, donate_argnums=(1, 2))
+    return run
 
 
 def speculative_generate(

@@ -46,18 +46,20 @@ WIRE_METHODS = ("propose_first", "score", "recover_and_propose")
 
 @functools.lru_cache(maxsize=decoding.COMPILED_CACHE_SIZE)
 def _score_and_count_fn(forward, config: SamplingConfig):
-    return jax.jit(decoding.score_and_count(forward, config), donate_argnums=0)
+    make = lambda f: decoding.score_and_count(f, config)
+    return decoding.jit_over(make, (forward,), donate_argnums=(0,))
 
 
 @functools.lru_cache(maxsize=decoding.COMPILED_CACHE_SIZE)
 def _propose_first_fn(forward, gamma: int, config: SamplingConfig):
-    return jax.jit(decoding.propose_first(forward, gamma, config), donate_argnums=0)
+    make = lambda f: decoding.propose_first(f, gamma, config)
+    return decoding.jit_over(make, (forward,), donate_argnums=(0,))
 
 
 @functools.lru_cache(maxsize=decoding.COMPILED_CACHE_SIZE)
 def _recover_and_propose_fn(forward, gamma: int, config: SamplingConfig, eos_id: int | None):
-    step = decoding.recover_and_propose(forward, gamma, config, eos_id)
-    return jax.jit(step, donate_argnums=0)
+    make = lambda f: decoding.recover_and_propose(f, gamma, config, eos_id)
+    return decoding.jit_over(make, (forward,), donate_argnums=(0,))
 
 
 def clear_compiled() -> None:

@@ -150,7 +150,10 @@ T5 = Family(
     is_encoder_decoder=True,
     weights="checkpoint",
     init_params=t5.init_params,
-    forward=lambda config, params: functools.partial(t5.forward, config, params),
+    # a pytree holding the params: decoding.jit_over passes them to programs as inputs
+    forward=lambda config, params: jax.tree_util.Partial(
+        functools.partial(t5.forward, config), params
+    ),
     new_cache=_t5_new_cache,
     serves_encoder_decoder=lambda config: True,
 )
@@ -174,7 +177,9 @@ DECODER = Family(
     is_encoder_decoder=False,
     weights="checkpoint",
     init_params=decoder.init_params,
-    forward=lambda config, params: functools.partial(decoder.forward, config, params),
+    forward=lambda config, params: jax.tree_util.Partial(
+        functools.partial(decoder.forward, config), params
+    ),
     new_cache=_decoder_new_cache,
     serves_encoder_decoder=lambda config: False,
     # gpt: learned absolute positions; lamda: relative position buckets, no limit
