@@ -185,7 +185,7 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
 
 def _job(kind_name: str, args: argparse.Namespace) -> int:
     enable_compile_cache()  # before JAX is imported here or in the job's Ray workers
-    from pipelines import job_report, translate
+    from pipelines import job_table, translate
     from workers.engine import EngineConfig
 
     engine = EngineConfig(
@@ -223,7 +223,7 @@ def _job(kind_name: str, args: argparse.Namespace) -> int:
     )
     print(f"specdec {kind_name}: {job.input} -> {job.output}", file=sys.stderr, flush=True)
     summary = translate.run_job(job)
-    print(job_report.format_summary(job, summary))
+    print(job_table.format_summary(job, summary))
     return job_exit_code(summary)
 
 

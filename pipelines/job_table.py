@@ -1,0 +1,100 @@
+"""The job's printed table: the summary (``pipelines.job_report.compute_summary``) as
+label / value lines, as ``specdec translate`` and ``specdec summarize`` print it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pipelines.translate import JobConfig
+
+
+def _step_costs_line(costs: dict | None) -> str:
+    if not costs:
+        return "n/a"
+    target = ", ".join(f"k={k} {v:.2f}" for k, v in costs["target"].items())
+    return (
+        f"target {target}; draft step {costs['draft_step']:.2f}; "
+        f"loop {costs['loop_per_step']:.2f} per step"
+    )
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    if isinstance(value, list):
+        return " ".join(_fmt(v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in value.items()) or "none"
+    return str(value)
+
+
+def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
+    """The human-readable table printed at the end of a job."""
+    sampling = job.settings.sampling
+    rows = [
+        ("models", f"target {job.target.spec.name}, draft {job.draft.spec.name}"),
+        (
+            "decoding",
+            f"γ={f'auto (0..{job.settings.gamma})' if job.engine.adaptive else job.settings.gamma}"
+            f" T={sampling.temperature} top-k={sampling.top_k} "
+            f"top-p={sampling.top_p} batch={job.settings.batch_size} workers={job.engine.kind}",
+        ),
+        (
+            "records in / out / failed",
+            f"{summary['records_in']} / {summary['records_out']} / {summary['records_failed']}",
+        ),
+        ("failed by reason", _fmt(summary["failed_by_reason"])),
+        ("speedup (tokens/s ratio)", _fmt(summary["speedup"])),
+        ("tokens/s speculative", _fmt(summary["tokens_per_s"])),
+        ("tokens/s target alone", _fmt(summary["baseline_tokens_per_s"])),
+        ("acceptance rate α (ML)", _fmt(summary["alpha"])),
+        ("  accepted / drafted", _fmt(summary["accepted_per_drafted"])),
+        (
+            "batches at each γ",
+            ", ".join(f"γ={g}: {n}" for g, n in (summary.get("gamma_histogram") or {}).items()),
+        ),
+        ("tokens per iteration", _fmt(summary["mean_accepted_length"])),
+        ("  predicted from α", _fmt(summary["predicted_tokens_per_iteration"])),
+        ("acceptance by position", _fmt(summary["acceptance_by_position"])),
+        ("cost coefficient c (est.)", _fmt(summary["c_estimate"])),
+        ("predicted speedup (costs)", _fmt(summary.get("predicted_speedup"))),
+        ("  measured / predicted", _fmt(summary.get("efficiency"))),
+        ("  target alone at its call", _fmt(summary.get("baseline_at_limit"))),
+        ("step costs (ms)", _step_costs_line(summary.get("step_costs_ms"))),
+        ("bytes per iteration (Ray)", _fmt(summary["bytes_per_iteration"])),
+        (
+            "time breakdown (s)",
+            ", ".join(
+                f"{phase} {seconds:.1f}"
+                for phase, seconds in (summary.get("time_breakdown") or {}).items()
+            ),
+        ),
+    ]
+    if job.kind.quality_metric == "bleu":
+        rows.append(("BLEU", _fmt(summary["bleu"])))
+    else:
+        rows.append(
+            ("ROUGE-1/2/L", " / ".join(_fmt(summary[k]) for k in ("rouge1", "rouge2", "rougeL")))
+        )
+    rows += [
+        ("identical to baseline (T=0)", _fmt(summary["identical_to_baseline"])),
+        ("outputs", summary["output"]),
+        ("dead letters", summary["dead_letter"]),
+        *([("resumed records", str(n))] if (n := summary.get("records_resumed")) else []),
+        (
+            "MLflow run",
+            f"{summary['mlflow_run_id']} (experiment {job.kind.name!r})"
+            if summary.get("mlflow_run_id")
+            else f"none: {summary.get('mlflow_error')} (specdec log-run logs it later)",
+        ),
+        ("browse", f"specdec ui --tracking-uri {summary['tracking_uri']}"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"specdec {job.kind.name}: done in {summary['job_s']:.1f} s"]
+    if summary.get("first_record_s") is not None:
+        lines[0] += f" (first record {summary['first_record_s']:.1f} s after the process started)"
+    lines += [f"  {name:<{width}}  {value}" for name, value in rows]
+    return "\n".join(lines)
