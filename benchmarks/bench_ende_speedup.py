@@ -389,7 +389,12 @@ def main() -> None:
 
     measured = {
         b: costs.step_costs(
-            target, drafts[0], encoder(b), max_k=max_k, cache_len=cache_len, in_loop=in_loop
+            target,
+            drafts[0],
+            encoder(b),
+            ks=range(1, max_k + 1),
+            cache_len=cache_len,
+            in_loop=in_loop,
         )
         for b in (1, 8)
     }

@@ -16,8 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_core import theory
-from specdec_core.models import families
+from specdec_core import decoding, theory
 from specdec_core.models.api import rollback
 
 
@@ -42,7 +41,8 @@ def call_seconds(
     in_loop: bool = True,
     repeats: int = 16,
 ) -> float:
-    """Seconds of one ``model.forward`` call on ``k`` tokens per row after the start token.
+    """Seconds of one ``model.forward`` call on ``k`` tokens per row after the start token
+    (a trained model's params are inputs of the timed program, as in the decode loops).
 
     ``encoder_tokens``: int32 [B, S] (encoder-decoder models; None for decoder-only, then
     ``batch`` rows, 1 by default). ``in_loop`` (for the compiled loop): ``repeats`` calls
@@ -53,41 +53,30 @@ def call_seconds(
     if encoder_tokens is not None:
         batch = encoder_tokens.shape[0]
     batch = batch or 1
-    forward, params = _with_params(model)
-    step = jax.jit(forward)
     cache = model.new_cache(encoder_tokens, batch, cache_len)
-    _, cache = step(params, cache, np.zeros((batch, 1), np.int32))  # the start token
+    # the forwards go in through decoding.jit_over: a trained model's params are inputs
+    step = decoding.jit_over(lambda forward: forward, (model.forward,))
+    _, cache = step(cache, np.zeros((batch, 1), np.int32))  # the start token
     tokens = np.full((batch, k), 5, np.int32)
     if not in_loop:
-        return median_seconds(lambda: step(params, cache, tokens)[0])
+        return median_seconds(lambda: step(cache, tokens)[0])
 
-    @jax.jit
-    def many(params, cache, tokens):
-        start = cache.lengths
+    def make(forward):
+        def many(cache, tokens):
+            start = cache.lengths
 
-        def body(_, carry):
-            cache, acc = carry
-            logits, cache = forward(params, rollback(cache, start), tokens)
-            return cache, acc + logits[:, -1, :1]  # keeps every call live
+            def body(_, carry):
+                cache, acc = carry
+                logits, cache = forward(rollback(cache, start), tokens)
+                return cache, acc + logits[:, -1, :1]  # keeps every call live
 
-        acc = jnp.zeros((batch, 1), jnp.float32)
-        return jax.lax.fori_loop(0, repeats, body, (cache, acc))[1]
+            acc = jnp.zeros((batch, 1), jnp.float32)
+            return jax.lax.fori_loop(0, repeats, body, (cache, acc))[1]
 
-    return median_seconds(lambda: many(params, cache, tokens), repeats=5) / repeats
+        return many
 
-
-def _with_params(model) -> tuple[Callable, object]:
-    """``(forward(params, cache, tokens), params)``: the model's forward with its params as
-    an argument, so that a jitted call takes them as inputs instead of baking every weight
-    into the program as a constant (slow to compile, and a cache entry the size of the
-    model). Other models (n-gram and copy drafts, whose params are tables or none) keep
-    their own forward."""
-    family_name = getattr(model, "family", None)
-    family = families.get(family_name) if family_name is not None else None
-    if family is None or not family.has_checkpoint:
-        return (lambda _params, cache, tokens: model.forward(cache, tokens)), None
-    params = model.params
-    return (lambda p, cache, tokens: family.forward(model.config, p)(cache, tokens)), params
+    many = decoding.jit_over(make, (model.forward,))
+    return median_seconds(lambda: many(cache, tokens), repeats=5) / repeats
 
 
 def step_costs(
@@ -95,17 +84,16 @@ def step_costs(
     draft,
     encoder_tokens: np.ndarray | None,
     *,
-    max_k: int,
+    ks: Sequence[int],
     cache_len: int,
+    batch: int | None = None,
     in_loop: bool = True,
     repeats: int = 16,
 ) -> theory.StepCosts:
-    """Target call seconds for k = 1..max_k tokens and one draft step (k = 1)."""
-    timed = dict(cache_len=cache_len, in_loop=in_loop, repeats=repeats)
+    """Target call seconds for each k of ``ks`` tokens and one draft step (k = 1)."""
+    timed = dict(cache_len=cache_len, batch=batch, in_loop=in_loop, repeats=repeats)
     return theory.StepCosts(
-        target_s={
-            k: call_seconds(target, encoder_tokens, k=k, **timed) for k in range(1, max_k + 1)
-        },
+        target_s={k: call_seconds(target, encoder_tokens, k=k, **timed) for k in ks},
         draft_step_s=call_seconds(draft, encoder_tokens, k=1, **timed),
     )
 

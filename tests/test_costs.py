@@ -18,7 +18,7 @@ def _tiny_t5():
 def test_probe_times_every_k_and_a_draft_step():
     model = _tiny_t5()
     encoder = np.array([[5, 6, 7, 1]], np.int32)
-    measured = costs.step_costs(model, model, encoder, max_k=3, cache_len=32, repeats=2)
+    measured = costs.step_costs(model, model, encoder, ks=(1, 2, 3), cache_len=32, repeats=2)
     assert sorted(measured.target_s) == [1, 2, 3]
     assert all(s > 0 for s in measured.target_s.values()) and measured.draft_step_s > 0
     host = costs.call_seconds(model, encoder, k=2, cache_len=32, in_loop=False)
@@ -26,11 +26,13 @@ def test_probe_times_every_k_and_a_draft_step():
 
 
 def test_probe_passes_the_params_as_inputs_not_constants():
+    from specdec_core import decoding
+
     model = _tiny_t5()
-    forward, params = costs._with_params(model)
-    assert params is model.params
+    assert isinstance(model.forward, jax.tree_util.Partial)  # the params travel with it
     cache = model.new_cache(np.array([[5, 6, 7, 1]], np.int32), 1, 32)
     tokens = np.zeros((1, 1), np.int32)
+    step = decoding.jit_over(lambda forward: forward, (model.forward,))  # as the probe
 
     def constant_values(fn, *args) -> int:  # numbers the traced program holds as constants
         return sum(np.size(c) for c in jax.make_jaxpr(fn)(*args).consts)
@@ -39,8 +41,9 @@ def test_probe_passes_the_params_as_inputs_not_constants():
     # closed over, the decoder's weights (most of them: the encoder ran in new_cache) are
     # constants of the program; the probe's holds none (only small index tables)
     assert constant_values(model.forward, cache, tokens) > weights / 2
-    assert constant_values(forward, params, cache, tokens) < weights / 20  # index tables
-    logits_a, _ = jax.jit(forward)(params, cache, tokens)
+    # the compiled program jit_over calls, with the forward among its arguments
+    assert constant_values(step.func, *step.args, cache, tokens) < weights / 20
+    logits_a, _ = step(cache, tokens)
     logits_b, _ = jax.jit(model.forward)(cache, tokens)
     np.testing.assert_allclose(np.asarray(logits_a), np.asarray(logits_b), rtol=1e-5, atol=1e-5)
 
@@ -50,6 +53,6 @@ def test_probe_keeps_the_forward_of_a_model_without_checkpoint_params():
 
     params = ngram.fit_unigram([[3, 4, 4, 5]], vocab_size=16)
     model = families.get("unigram").bind("uni", ngram.NGramConfig.of(params), params)
-    assert costs._with_params(model)[1] is None
+    assert not isinstance(model.forward, jax.tree_util.Partial)  # closed over, as a table
     seconds = costs.call_seconds(model, None, k=1, cache_len=16, batch=2, repeats=2)
     assert seconds > 0

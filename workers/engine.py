@@ -176,15 +176,17 @@ def measure_step_costs(
     decode-sized caches, as the compiled loop calls them (``specdec_core.costs``). In-process
     jobs reuse their loaded models; for a Ray job the models load here (this host's
     figures, not those of the workers' devices)."""
-    from specdec_core import costs, theory
+    from specdec_core import costs
 
     batch = pack([request] * settings.batch_size, settings)
-    encoder = batch.encoder_tokens
-    target_model, draft_model = _bound_model(target), _bound_model(draft)
-    timed = dict(cache_len=batch.max_len, batch=batch.size, repeats=repeats)
-    return theory.StepCosts(
-        target_s={k: costs.call_seconds(target_model, encoder, k=k, **timed) for k in ks},
-        draft_step_s=costs.call_seconds(draft_model, encoder, k=1, **timed),
+    return costs.step_costs(
+        _bound_model(target),
+        _bound_model(draft),
+        batch.encoder_tokens,
+        ks=ks,
+        cache_len=batch.max_len,
+        batch=batch.size,
+        repeats=repeats,
     )
 
 
