@@ -29,24 +29,16 @@ from workers.batching import DecodeSettings, Request  # noqa: E402
 from workers.engine import EngineConfig, InProcessEngine  # noqa: E402
 from workers.spec import ModelSpec  # noqa: E402
 
-TARGET = dict(
-    vocab_size=8000,
-    emb_dim=512,
-    num_heads=8,
-    head_dim=64,
-    mlp_dim=1536,
-    num_encoder_layers=4,
-    num_decoder_layers=4,
-)
-DRAFT = dict(
-    vocab_size=8000,
-    emb_dim=128,
-    num_heads=2,
-    head_dim=64,
-    mlp_dim=256,
-    num_encoder_layers=1,
-    num_decoder_layers=1,
-)
+
+def t5_shape(*, emb_dim: int, num_heads: int, mlp_dim: int, layers: int) -> dict:
+    """``t5_tiny_test`` overrides: 64-wide heads, ``layers`` encoder and decoder layers,
+    over the 8000-token vocabulary that target and draft share."""
+    widths = dict(emb_dim=emb_dim, num_heads=num_heads, head_dim=64, mlp_dim=mlp_dim)
+    return dict(vocab_size=8000, **widths, num_encoder_layers=layers, num_decoder_layers=layers)
+
+
+TARGET = t5_shape(emb_dim=512, num_heads=8, mlp_dim=1536, layers=4)
+DRAFT = t5_shape(emb_dim=128, num_heads=2, mlp_dim=256, layers=1)
 
 
 def requests(n: int, vocab: int) -> list[Request]:

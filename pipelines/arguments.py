@@ -1,7 +1,8 @@
 """Argument types shared by the ``specdec`` subcommands.
 
 :func:`ranged` parses a number and checks its bounds; its errors name the flag, and
-argparse turns them into one ``error:`` line and exit status 2. :func:`add_overrides`
+argparse turns them into one ``error:`` line and exit status 2 (:func:`add_ranged` adds
+a flag of that type). :func:`add_overrides`
 adds the repeatable ``--set SECTION.KEY=VALUE`` of the training commands.
 """
 
@@ -28,6 +29,13 @@ def ranged(kind, name: str, *, low=None, high=None, low_open=False):
         return value
 
     return parse
+
+
+def add_ranged(
+    parser: argparse.ArgumentParser, flag: str, kind, *, low=None, high=None, low_open=False, **kw
+) -> None:
+    """``parser.add_argument(flag, type=ranged(kind, flag, ...), **kw)``."""
+    parser.add_argument(flag, type=ranged(kind, flag, low=low, high=high, low_open=low_open), **kw)
 
 
 def add_overrides(parser: argparse.ArgumentParser, help_text: str) -> None:

@@ -327,28 +327,13 @@ def _samples_table(rows: Sequence[dict], n: int = 20) -> dict[str, list]:
 
 def log_run(job: JobConfig, summary: dict, rows: Sequence[dict], traffic: dict | None) -> None:
     """Metrics and artifacts of the active MLflow run."""
-    saved = saved_run(job)
-    log_results(
-        summary,
-        rows,
-        traffic,
-        config=saved["job_config"],
-        model_configs=saved["model_configs"],
-        gamma=saved["gamma"],
-    )
+    log_results(summary, rows, traffic, saved_run(job))
 
 
-def log_results(
-    summary: dict,
-    rows: Sequence[dict],
-    traffic: dict | None,
-    *,
-    config: dict,
-    model_configs: Sequence[str],
-    gamma: int,
-) -> None:
+def log_results(summary: dict, rows: Sequence[dict], traffic: dict | None, saved: dict) -> None:
     """Metrics and artifacts of the active MLflow run, from plain data (a job's, or a
-    summary JSON's for ``specdec log-run``)."""
+    summary JSON's for ``specdec log-run``); ``saved``: the job's :func:`saved_run`
+    (its resolved config, model config files and γ are logged)."""
     import pathlib
 
     import mlflow
@@ -359,13 +344,13 @@ def log_results(
     for role, node in (summary.get("placement") or {}).items():  # Ray node per role
         if node is not None:
             mlflow.set_tag(f"placement_{role}", node if isinstance(node, str) else str(node))
-    mlflow.log_dict(config, "job_config.json")
-    for source in model_configs:
+    mlflow.log_dict(saved["job_config"], "job_config.json")
+    for source in saved["model_configs"]:
         if pathlib.Path(source).is_file():
             mlflow.log_artifact(source, "model_configs")
     if rows:
         mlflow.log_table(data=_samples_table(rows), artifact_file="samples.json")
-        _acceptance_artifacts(summary, gamma)
+        _acceptance_artifacts(summary, saved["gamma"])
     mlflow.log_dict(summary, "summary.json")
 
 
@@ -448,13 +433,6 @@ def log_saved_run(summary_json: str, tracking_uri: str | None = None) -> str:
         tracking_uri=uri,
     ) as run:
         logged |= {"mlflow_run_id": run.info.run_id, "mlflow_error": None, "tracking_uri": uri}
-        log_results(
-            logged,
-            rows,
-            traffic,
-            config=saved["job_config"],
-            model_configs=saved["model_configs"],
-            gamma=saved["gamma"],
-        )
+        log_results(logged, rows, traffic, saved)
     part_files.write_atomic(summary_json, json.dumps(logged, indent=2) + "\n")
     return run.info.run_id

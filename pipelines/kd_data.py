@@ -227,23 +227,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
 
 
+# build()'s keywords that the flags of the same name give as they are (not --temperatures)
+_PASSED_FLAGS = (
+    "teacher_config",
+    "output",
+    "teacher_checkpoint",
+    "inputs",
+    "limit",
+    "seed",
+    "batch_size",
+    "max_new_tokens",
+)
+
+
 def build_from_args(args: argparse.Namespace) -> dict:
     """:func:`build` with the command line's settings, checked first (ValueError naming the
     flag); returns what kd.json records."""
     temperatures = parse_temperatures(args.temperatures)
     if args.limit < 0 or args.batch_size < 1 or args.max_new_tokens < 1:
         raise ValueError("--limit must be >= 0, --batch-size and --max-new-tokens >= 1")
-    return build(
-        teacher_config=args.teacher_config,
-        output=args.output,
-        teacher_checkpoint=args.teacher_checkpoint,
-        inputs=args.inputs,
-        limit=args.limit,
-        temperatures=temperatures,
-        seed=args.seed,
-        batch_size=args.batch_size,
-        max_new_tokens=args.max_new_tokens,
-    )
+    passed = {name: getattr(args, name) for name in _PASSED_FLAGS}
+    return build(**passed, temperatures=temperatures)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -74,6 +74,12 @@ class Record:
     reference: str | None = None  # expected output, when the input has one
     line: int | None = None  # 1-based line (or example) number
 
+    def dead_letter(self, reason: str, detail: str) -> DeadLetter:
+        """This record as a dead letter (``reason``: one of REASONS)."""
+        return DeadLetter(
+            id=self.id, reason=reason, detail=detail, line=self.line, source=self.source
+        )
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DeadLetter:
@@ -327,24 +333,14 @@ def too_long(record: Record, n_tokens: int, max_tokens: int) -> DeadLetter | Non
     """A dead letter when the tokenized input (prefix and EOS included) is over-long."""
     if n_tokens <= max_tokens:
         return None
-    return DeadLetter(
-        id=record.id,
-        reason=TOO_LONG,
-        detail=f"{n_tokens} input tokens > --max-input-tokens {max_tokens}",
-        line=record.line,
-        source=record.source,
+    return record.dead_letter(
+        TOO_LONG, f"{n_tokens} input tokens > --max-input-tokens {max_tokens}"
     )
 
 
 def engine_error(record: Record, error: BaseException) -> DeadLetter:
     """The dead letter for a record whose decoding raised ``error``."""
-    return DeadLetter(
-        id=record.id,
-        reason=ENGINE_ERROR,
-        detail=f"{type(error).__name__}: {error}",
-        line=record.line,
-        source=record.source,
-    )
+    return record.dead_letter(ENGINE_ERROR, f"{type(error).__name__}: {error}")
 
 
 def check_partition(

@@ -23,38 +23,9 @@ if TYPE_CHECKING:
 DEAD = "dead"  # tag of the dead-letter outputs
 
 
-class TokenizeFn(beam.DoFn):
-    """Record -> Tokenized; dead letters (from reading, or over-long) -> the DEAD output."""
-
-    def __init__(self, *, vocab_path: str, prefix: str, eos_id: int, max_input_tokens: int):
-        self.vocab_path, self.prefix = vocab_path, prefix
-        self.eos_id, self.max_input_tokens = eos_id, max_input_tokens
-
-    def setup(self):
-        self.processor = text.sentencepiece(self.vocab_path)
-
-    def process(self, item):
-        if isinstance(item, record_io.DeadLetter):
-            yield beam.pvalue.TaggedOutput(DEAD, item)
-            return
-        tokens = text.encode(self.processor, self.prefix, item.source, self.eos_id)
-        dead = record_io.too_long(item, len(tokens), self.max_input_tokens)
-        if dead is not None:
-            yield beam.pvalue.TaggedOutput(DEAD, dead)
-        else:
-            yield Tokenized(record=item, encoder_tokens=tokens)
-
-
-def length_bucket(item: Tokenized) -> int:
-    """Records of one bucket pad to the same encoder width."""
-    return -(-len(item.encoder_tokens) // text.LENGTH_BUCKET)
-
-
-# ------------------------------------------------------------------------ formatting
-
-
-class FormatFn(beam.DoFn):
-    """Decoded -> output row (dict); dead letters -> the DEAD output."""
+class _VocabFn(beam.DoFn):
+    """A DoFn over the job's SentencePiece model: dead letters pass to the DEAD output,
+    every other item becomes what :meth:`convert` returns."""
 
     def __init__(self, *, vocab_path: str, eos_id: int | None):
         self.vocab_path, self.eos_id = vocab_path, eos_id
@@ -66,7 +37,40 @@ class FormatFn(beam.DoFn):
         if isinstance(item, record_io.DeadLetter):
             yield beam.pvalue.TaggedOutput(DEAD, item)
         else:
-            yield output_row(item, self.processor, self.eos_id)
+            yield self.convert(item)
+
+    def convert(self, item):
+        raise NotImplementedError
+
+
+class TokenizeFn(_VocabFn):
+    """Record -> Tokenized; dead letters (from reading, or over-long) -> the DEAD output."""
+
+    def __init__(self, *, vocab_path: str, prefix: str, eos_id: int, max_input_tokens: int):
+        super().__init__(vocab_path=vocab_path, eos_id=eos_id)
+        self.prefix, self.max_input_tokens = prefix, max_input_tokens
+
+    def convert(self, item):
+        tokens = text.encode(self.processor, self.prefix, item.source, self.eos_id)
+        dead = record_io.too_long(item, len(tokens), self.max_input_tokens)
+        if dead is not None:
+            return beam.pvalue.TaggedOutput(DEAD, dead)
+        return Tokenized(record=item, encoder_tokens=tokens)
+
+
+def length_bucket(item: Tokenized) -> int:
+    """Records of one bucket pad to the same encoder width."""
+    return -(-len(item.encoder_tokens) // text.LENGTH_BUCKET)
+
+
+# ------------------------------------------------------------------------ formatting
+
+
+class FormatFn(_VocabFn):
+    """Decoded -> output row (dict); dead letters -> the DEAD output."""
+
+    def convert(self, item):
+        return output_row(item, self.processor, self.eos_id)
 
 
 def output_row(item: Decoded, processor, eos_id: int | None) -> dict:

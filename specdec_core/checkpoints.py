@@ -470,6 +470,17 @@ _HF_FEED_FORWARD = {
 }
 _ACTIVATION_SYNONYMS = {"gelu_new": "gelu", "swish": "silu"}  # layers.activation_fn's
 
+# T5Config field -> HF T5Config key, both ways (t5_config_from_hf, hf_t5_config); not
+# num_decoder_layers, which HF may leave unset (then it is num_layers)
+_HF_T5_FIELDS = {
+    "vocab_size": "vocab_size",
+    "emb_dim": "d_model",
+    "num_heads": "num_heads",
+    "head_dim": "d_kv",
+    "mlp_dim": "d_ff",
+    "num_encoder_layers": "num_layers",
+}
+
 
 def _hf_feed_forward(activations: Iterable[str]) -> str:
     """T5X ``mlp_activations`` -> HF ``feed_forward_proj`` (the inverse of the table)."""
@@ -503,15 +514,10 @@ def t5_config_from_hf(hf_config, *, logits_via_embedding: bool = False) -> Any:
     activations = _HF_FEED_FORWARD.get(proj)
     if activations is None:
         raise CheckpointError("<hf config>", f"feed_forward_proj {proj!r} unsupported")
-    num_layers = get("num_layers")
+    fields = {ours: get(theirs) for ours, theirs in _HF_T5_FIELDS.items()}
     return T5Config(
-        vocab_size=get("vocab_size"),
-        emb_dim=get("d_model"),
-        num_heads=get("num_heads"),
-        num_encoder_layers=num_layers,
-        num_decoder_layers=get("num_decoder_layers") or num_layers,
-        head_dim=get("d_kv"),
-        mlp_dim=get("d_ff"),
+        **fields,
+        num_decoder_layers=get("num_decoder_layers") or fields["num_encoder_layers"],
         mlp_activations=activations,
         logits_via_embedding=logits_via_embedding,
     )
@@ -534,12 +540,7 @@ def hf_t5_config(config) -> Any:
     from specdec_core.models import t5
 
     return transformers.T5Config(
-        vocab_size=config.vocab_size,
-        d_model=config.emb_dim,
-        d_kv=config.head_dim,
-        num_heads=config.num_heads,
-        d_ff=config.mlp_dim,
-        num_layers=config.num_encoder_layers,
+        **{theirs: getattr(config, ours) for ours, theirs in _HF_T5_FIELDS.items()},
         num_decoder_layers=config.num_decoder_layers,
         feed_forward_proj=_hf_feed_forward(config.mlp_activations),
         relative_attention_num_buckets=t5.NUM_BUCKETS,

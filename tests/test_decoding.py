@@ -15,6 +15,22 @@ TARGET_FWD = bound(table.from_table(TARGET))
 DRAFT_FWD = {name: bound(table.from_table(t)) for name, t in DRAFTS.items()}
 
 
+def _loop_args(prompt_tokens, prompt_lengths, max_new, sampling, eos_id, seed, request_ids):
+    """The keywords both decoding loops take, over the stub target."""
+    batch = prompt_tokens.shape[0]
+    return dict(
+        target=TARGET_FWD,
+        target_cache=table.init_cache(batch, 64),
+        prompt_tokens=prompt_tokens,
+        prompt_lengths=prompt_lengths,
+        request_ids=np.arange(batch) if request_ids is None else request_ids,
+        max_new_tokens=max_new,
+        sampling_config=sampling,
+        seed=seed,
+        eos_id=eos_id,
+    )
+
+
 def _baseline(
     prompt_tokens,
     prompt_lengths,
@@ -25,17 +41,8 @@ def _baseline(
     seed=0,
     request_ids=None,
 ):
-    batch = prompt_tokens.shape[0]
     return decoding.autoregressive_generate(
-        target=TARGET_FWD,
-        target_cache=table.init_cache(batch, 64),
-        prompt_tokens=prompt_tokens,
-        prompt_lengths=prompt_lengths,
-        request_ids=np.arange(batch) if request_ids is None else request_ids,
-        max_new_tokens=max_new,
-        sampling_config=sampling,
-        seed=seed,
-        eos_id=eos_id,
+        **_loop_args(prompt_tokens, prompt_lengths, max_new, sampling, eos_id, seed, request_ids)
     )
 
 
@@ -52,20 +59,11 @@ def _speculative(
     request_ids=None,
     compiled=False,
 ):
-    batch = prompt_tokens.shape[0]
     return decoding.speculative_generate(
-        target=TARGET_FWD,
-        target_cache=table.init_cache(batch, 64),
+        **_loop_args(prompt_tokens, prompt_lengths, max_new, sampling, eos_id, seed, request_ids),
         draft=DRAFT_FWD[draft],
-        draft_cache=table.init_cache(batch, 64),
-        prompt_tokens=prompt_tokens,
-        prompt_lengths=prompt_lengths,
-        request_ids=np.arange(batch) if request_ids is None else request_ids,
-        max_new_tokens=max_new,
+        draft_cache=table.init_cache(prompt_tokens.shape[0], 64),
         gamma=gamma,
-        sampling_config=sampling,
-        seed=seed,
-        eos_id=eos_id,
         compiled=compiled,
     )
 

@@ -347,20 +347,7 @@ def decode_with_a_restart(target, draft, batch, settings, restart_at: int | None
     """The coordinator's loop over two in-process ModelWorkers; before iteration
     ``restart_at`` both are started again from the committed state, as after a worker
     restart (re-prefilled prompt + committed tokens, a first proposal)."""
-    import jax
-
-    from specdec_core import decoding
-
-    state = jax.device_get(
-        decoding.init_state(
-            batch.prompt_tokens,
-            batch.prompt_lengths,
-            batch.request_keys,
-            seed=settings.seed,
-            max_new_tokens=batch.max_new_tokens,
-            gamma=settings.gamma,
-        )
-    )
+    state = recovery.initial_state(batch, settings)
 
     def start(state):
         prompts = (batch.prompt_tokens, batch.prompt_lengths)

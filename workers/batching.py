@@ -38,6 +38,11 @@ class DecodeSettings:
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
 
+    @property
+    def sampling_kwargs(self) -> dict:
+        """The decoding loops' keywords for how tokens are drawn and where rows stop."""
+        return {"sampling_config": self.sampling, "seed": self.seed, "eos_id": self.eos_id}
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Request:

@@ -32,8 +32,6 @@ import time
 import uuid
 from collections.abc import Sequence
 
-import jax
-
 from specdec_core import decoding
 from workers import recovery, spec, wire
 from workers.batching import DecodeSettings, Generation, PackedBatch, Request, pack, unpack
@@ -189,16 +187,7 @@ class SpeculativeCoordinator(recovery.Restartable):
         """
         batch_id = uuid.uuid4().hex
         start = time.perf_counter()
-        state = jax.device_get(
-            decoding.init_state(
-                batch.prompt_tokens,
-                batch.prompt_lengths,
-                batch.request_keys,
-                seed=settings.seed,
-                max_new_tokens=batch.max_new_tokens,
-                gamma=settings.gamma,
-            )
-        )
+        state = recovery.initial_state(batch, settings)
         seconds = {"draft": 0.0, "target": 0.0}
         progress = [state]  # the last committed state, kept across worker deaths
         attempts = []

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 from specdec_core import decoding
 from specdec_core.models.bound import BoundModel
+from specdec_core.validation import check_choice
 from workers.batching import DecodeSettings, Generation, PackedBatch, Request, pack, unpack
 from workers.gamma import DEFAULT_GAMMA_MAX
 from workers.spec import (
@@ -62,12 +63,8 @@ class EngineConfig:
     def __post_init__(self):
         if self.kind not in ENGINE_KINDS:
             raise ValueError(f"--workers must be ray or inprocess, got {self.kind!r}")
-        if self.draft_placement not in DRAFT_PLACEMENTS:
-            raise ValueError(
-                f"--draft-placement must be one of {DRAFT_PLACEMENTS}, got {self.draft_placement!r}"
-            )
-        if self.transport not in TRANSPORTS:
-            raise ValueError(f"--transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        check_choice("--draft-placement", self.draft_placement, DRAFT_PLACEMENTS)
+        check_choice("--transport", self.transport, TRANSPORTS)
         if self.gamma == AUTO:
             if self.gamma_max is None:
                 object.__setattr__(self, "gamma_max", DEFAULT_GAMMA_MAX)
@@ -190,6 +187,25 @@ def measure_step_costs(
     )
 
 
+def _new_cache(model: BoundModel, batch: PackedBatch):
+    """``model``'s decoder cache for ``batch`` (its encoder run on the batch's encoder tokens)."""
+    return model.new_cache(batch.encoder_tokens, batch.prompt_tokens.shape[0], batch.max_len)
+
+
+def _decode_args(target: BoundModel, batch: PackedBatch, settings: DecodeSettings) -> dict:
+    """The keywords both decoding loops take: the target (its encoder run), the batch
+    and the sampling."""
+    return dict(
+        target=target.forward,
+        target_cache=_new_cache(target, batch),
+        prompt_tokens=batch.prompt_tokens,
+        prompt_lengths=batch.prompt_lengths,
+        request_ids=batch.request_keys,
+        max_new_tokens=batch.max_new_tokens,
+        **settings.sampling_kwargs,
+    )
+
+
 def decode_speculative(
     target: BoundModel,
     draft: BoundModel,
@@ -199,20 +215,11 @@ def decode_speculative(
     compiled: bool = False,
 ) -> decoding.DecodeResult:
     """One packed batch through the in-process speculative loop (encoders included)."""
-    rows = batch.prompt_tokens.shape[0]
     return decoding.speculative_generate(
-        target=target.forward,
-        target_cache=target.new_cache(batch.encoder_tokens, rows, batch.max_len),
+        **_decode_args(target, batch, settings),
         draft=draft.forward,
-        draft_cache=draft.new_cache(batch.encoder_tokens, rows, batch.max_len),
-        prompt_tokens=batch.prompt_tokens,
-        prompt_lengths=batch.prompt_lengths,
-        request_ids=batch.request_keys,
-        max_new_tokens=batch.max_new_tokens,
+        draft_cache=_new_cache(draft, batch),
         gamma=settings.gamma,
-        sampling_config=settings.sampling,
-        seed=settings.seed,
-        eos_id=settings.eos_id,
         compiled=compiled,
     )
 
@@ -221,18 +228,7 @@ def decode_baseline(
     target: BoundModel, batch: PackedBatch, settings: DecodeSettings
 ) -> decoding.DecodeResult:
     """One packed batch decoded by the target alone (encoder included)."""
-    rows = batch.prompt_tokens.shape[0]
-    return decoding.autoregressive_generate(
-        target=target.forward,
-        target_cache=target.new_cache(batch.encoder_tokens, rows, batch.max_len),
-        prompt_tokens=batch.prompt_tokens,
-        prompt_lengths=batch.prompt_lengths,
-        request_ids=batch.request_keys,
-        max_new_tokens=batch.max_new_tokens,
-        sampling_config=settings.sampling,
-        seed=settings.seed,
-        eos_id=settings.eos_id,
-    )
+    return decoding.autoregressive_generate(**_decode_args(target, batch, settings))
 
 
 class InProcessEngine:

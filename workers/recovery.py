@@ -79,6 +79,25 @@ def await_actor(actor, name: str, *, timeout_s: float = DEFAULT_RESTART_TIMEOUT_
             time.sleep(0.2)
 
 
+def initial_state(batch, settings):
+    """The committed state of a batch before its first iteration, on the host (numpy):
+    what a restart resumes from when nothing is committed yet."""
+    import jax
+
+    from specdec_core import decoding
+
+    return jax.device_get(
+        decoding.init_state(
+            batch.prompt_tokens,
+            batch.prompt_lengths,
+            batch.request_keys,
+            seed=settings.seed,
+            max_new_tokens=batch.max_new_tokens,
+            gamma=settings.gamma,
+        )
+    )
+
+
 def committed_prompts(
     prompt_tokens: np.ndarray,
     prompt_lengths: np.ndarray,

@@ -188,9 +188,14 @@ def is_sentence_pair(pair: tuple[str, str]) -> bool:
     return is_full_sentence(pair[0]) and is_full_sentence(pair[1])
 
 
+def collapse_whitespace(text: str) -> str:
+    """Each run of whitespace as one space, none at either end."""
+    return _WHITESPACE.sub(" ", text).strip()
+
+
 def normalize_key(text: str) -> str:
     """Case-, punctuation- and spacing-insensitive form used to detect shared strings."""
-    return _WHITESPACE.sub(" ", _NOT_KEY_CHAR.sub(" ", text.casefold())).strip()
+    return collapse_whitespace(_NOT_KEY_CHAR.sub(" ", text.casefold()))
 
 
 def _is_held_out_eligible(pair: tuple[str, str]) -> bool:

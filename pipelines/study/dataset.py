@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 
 from pipelines import configs, text
 from pipelines.configs import ConfigError
+from specdec_core.validation import check_choice
 
 ASCII_VOCAB = 128  # the "ascii" tokenizer: ids 0 pad, 1 eos, 2 unk, else the code point
 SOURCES = ("ding", "text", "jsonl")
@@ -35,12 +36,8 @@ class DatasetConfig:
     ngram_train_limit: int = 0  # training sequences for n-gram fits (0: all)
 
     def __post_init__(self):
-        if self.source not in SOURCES:
-            raise ValueError(f"dataset.source must be one of {SOURCES}, got {self.source!r}")
-        if self.task not in TASK_PREFIXES:
-            raise ValueError(
-                f"dataset.task must be one of {tuple(TASK_PREFIXES)}, got {self.task!r}"
-            )
+        check_choice("dataset.source", self.source, SOURCES)
+        check_choice("dataset.task", self.task, TASK_PREFIXES)
         for key in ("num_prompts", "prompt_tokens"):
             if getattr(self, key) < 1:
                 raise ValueError(f"dataset.{key} must be >= 1, got {getattr(self, key)}")

@@ -43,6 +43,11 @@ class MeasureSettings:
     eos_id: int | None
     measure_cost: bool  # time one k=1 step of each model (for c = "measured")
 
+    @property
+    def sampling_kwargs(self) -> dict:
+        """The decoding loops' keywords for how tokens are drawn and where rows stop."""
+        return {"sampling_config": self.sampling, "seed": self.seed, "eos_id": self.eos_id}
+
 
 @contextlib.contextmanager
 def hoisted_constants():
@@ -133,26 +138,30 @@ def _beta_fn(forward: Callable, sampling_config):
     return jax.jit(beta)
 
 
+def _decode_args(
+    target: BoundModel, batch: PromptBatch, settings: MeasureSettings, cache_len: int
+) -> dict:
+    """The keywords both decoding loops take: the target with a ``cache_len``-slot cache
+    (its encoder run), the batch's full-width prompts and the sampling."""
+    batch_size, prompt_len = batch.prompt_tokens.shape
+    return dict(
+        target=target.forward,
+        target_cache=target.new_cache(batch.encoder_tokens, batch_size, cache_len),
+        prompt_tokens=batch.prompt_tokens,
+        prompt_lengths=np.full(batch_size, prompt_len, np.int32),
+        request_ids=batch.ids,
+        max_new_tokens=batch.max_new,
+        **settings.sampling_kwargs,
+    )
+
+
 @hoisted_constants()
 def target_trajectories(target: BoundModel, batch: PromptBatch, settings: MeasureSettings):
     """The target continues every prompt: (tokens [B, N] int32, lengths [B] int32)."""
     from specdec_core import decoding
 
-    batch_size, prompt_len = batch.prompt_tokens.shape
-    cache = target.new_cache(
-        batch.encoder_tokens, batch_size, prompt_len + settings.max_new_tokens + 1
-    )
-    result = decoding.autoregressive_generate(
-        target=target.forward,
-        target_cache=cache,
-        prompt_tokens=batch.prompt_tokens,
-        prompt_lengths=np.full(batch_size, prompt_len, np.int32),
-        request_ids=batch.ids,
-        max_new_tokens=batch.max_new,
-        sampling_config=settings.sampling,
-        seed=settings.seed,
-        eos_id=settings.eos_id,
-    )
+    cache_len = batch.prompt_tokens.shape[1] + settings.max_new_tokens + 1
+    result = decoding.autoregressive_generate(**_decode_args(target, batch, settings, cache_len))
     return result.tokens, result.lengths
 
 
@@ -230,18 +239,10 @@ def speculative_counts(
     batch_size, prompt_len = batch.prompt_tokens.shape
     max_len = prompt_len + settings.max_new_tokens + gamma + 2
     result = decoding.speculative_generate(
-        target=target.forward,
-        target_cache=target.new_cache(batch.encoder_tokens, batch_size, max_len),
+        **_decode_args(target, batch, settings, max_len),
         draft=draft.forward,
         draft_cache=draft.new_cache(batch.encoder_tokens, batch_size, max_len),
-        prompt_tokens=batch.prompt_tokens,
-        prompt_lengths=np.full(batch_size, prompt_len, np.int32),
-        request_ids=batch.ids,
-        max_new_tokens=batch.max_new,
         gamma=gamma,
-        sampling_config=settings.sampling,
-        seed=settings.seed,
-        eos_id=settings.eos_id,
     )
     full = result.accepted_by_position[:, gamma - 1]  # [B] iterations that accepted all γ
     counts = {

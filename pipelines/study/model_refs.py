@@ -19,6 +19,9 @@ class MissingCheckpoint(ConfigError):
     """A model has no weights to load (an optional entry is skipped, others fail)."""
 
 
+_SPEC_FIELDS = ("name", "family", "config", "checkpoint", "init_seed")  # a ModelRef's, as resolved
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelRef:
     """A grid's model, resolved (files found) but not loaded."""
@@ -36,15 +39,9 @@ class ModelRef:
 
     @classmethod
     def from_resolved(cls, resolved: model_resolver.ResolvedModel) -> ModelRef:
-        spec = resolved.spec
-        return cls(
-            name=spec.name,
-            family=spec.family,
-            config=spec.config,
-            checkpoint=spec.checkpoint,
-            init_seed=spec.init_seed,
-            source=resolved.source,
-        )
+        """The :data:`_SPEC_FIELDS` of the resolved model's spec, and its source."""
+        taken = {name: getattr(resolved.spec, name) for name in _SPEC_FIELDS}
+        return cls(**taken, source=resolved.source)
 
 
 def fail(file: str, where: str, message: str, kind: type = ConfigError) -> NoReturn:

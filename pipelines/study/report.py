@@ -95,23 +95,27 @@ def _log_stepped(run_id: str, stepped: Mapping[str, list[tuple[int, float]]]) ->
         client.log_batch(run_id, metrics=metrics[start : start + 900])
 
 
+# Table 3's columns: (column, the row key it shows)
+_TABLE3_COLUMNS = (
+    ("TASK", "task"),
+    ("target", "target"),
+    ("draft", "draft"),
+    ("T", "temperature"),
+    ("alpha", "alpha"),
+    ("alpha_ci_low", "alpha_ci_low"),
+    ("alpha_ci_high", "alpha_ci_high"),
+    ("empirical_acceptance", "empirical_acceptance"),
+    ("agrees", "agrees_with_alpha"),
+    ("optimal_gamma", "optimal_gamma"),
+    ("predicted_improvement", "predicted_improvement"),
+    ("c", "c"),
+    ("positions", "positions"),
+)
+
+
 def table3(rows: Sequence[Mapping]) -> dict[str, list]:
     """The results as columns, laid out like the paper's Table 3 (TASK, Mp, Mq, T, α, ...)."""
-    return {
-        "TASK": [r["task"] for r in rows],
-        "target": [r["target"] for r in rows],
-        "draft": [r["draft"] for r in rows],
-        "T": [r["temperature"] for r in rows],
-        "alpha": [r["alpha"] for r in rows],
-        "alpha_ci_low": [r["alpha_ci_low"] for r in rows],
-        "alpha_ci_high": [r["alpha_ci_high"] for r in rows],
-        "empirical_acceptance": [r["empirical_acceptance"] for r in rows],
-        "agrees": [r["agrees_with_alpha"] for r in rows],
-        "optimal_gamma": [r["optimal_gamma"] for r in rows],
-        "predicted_improvement": [r["predicted_improvement"] for r in rows],
-        "c": [r["c"] for r in rows],
-        "positions": [r["positions"] for r in rows],
-    }
+    return {column: [r[key] for r in rows] for column, key in _TABLE3_COLUMNS}
 
 
 def table3_markdown(rows: Sequence[Mapping]) -> str:

@@ -17,7 +17,7 @@ import json
 from collections.abc import Sequence
 
 from pipelines import configs
-from pipelines.arguments import add_overrides, ranged
+from pipelines.arguments import add_overrides, add_ranged
 from pipelines.train.evaluate import evaluate_checkpoint
 from pipelines.train.loop import Trainer, enable_compilation_cache
 
@@ -28,16 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The training job's flags; the parser's program name prefixes the recorded command."""
     parser.add_argument("--config", required=True, help="configs/models/<name>.yaml")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint")
-    parser.add_argument(
-        "--max-steps",
-        type=ranged(int, "--max-steps", low=1),
-        default=None,
-        help="override train.max_steps",
-    )
-    parser.add_argument(
+    add_ranged(parser, "--max-steps", int, low=1, help="override train.max_steps")
+    add_ranged(
+        parser,
         "--time-budget",
-        type=ranged(float, "--time-budget", low=1.0),
-        default=None,
+        float,
+        low=1.0,
         metavar="SECONDS",
         help="train until this many seconds have passed (loading and compiling included), "
         "the learning rate decayed to 0 over the last 20%% of them; not with --max-steps",

@@ -240,15 +240,19 @@ class Trainer:
                 flush=True,
             )
         elif (folder := self.file.init_from) is not None:
-            try:
-                params = load_model_params(self.file, folder)
-            except Exception as error:
-                raise RuntimeError(
-                    f"{self.file.path}: cannot start from checkpoint.init_from {folder}: {error}"
-                ) from error
+            doing = f"{self.file.path}: cannot start from checkpoint.init_from {folder}"
+            params = self._load_params(folder, doing, Exception)
             opt_state = self.optimizer.init(params)
             print(f"initialised from {folder} (step 0, fresh optimizer state)", flush=True)
         return params, opt_state, run
+
+    def _load_params(self, folder: pathlib.Path, doing: str, errors: type[Exception]):
+        """Float32 params of the checkpoint ``folder``; ``errors`` while loading raise a
+        RuntimeError ``"{doing}: {error}"``."""
+        try:
+            return load_model_params(self.file, folder)
+        except errors as error:
+            raise RuntimeError(f"{doing}: {error}") from error
 
     def check_vocabulary(self, recorded_sha256: str | None, where: pathlib.Path) -> None:
         """A checkpoint's recorded vocabulary hash (None: not recorded) must be ours."""
@@ -267,10 +271,8 @@ class Trainer:
             return None
         info = json.loads(info_path.read_text())
         self.check_vocabulary(info.get("vocab_sha256"), self.file.export_dir)
-        try:
-            params = load_model_params(self.file, self.file.export_dir)
-        except checkpoints.CheckpointError as error:
-            raise RuntimeError(f"cannot warm-start from {self.file.export_dir}: {error}") from error
+        doing = f"cannot warm-start from {self.file.export_dir}"
+        params = self._load_params(self.file.export_dir, doing, checkpoints.CheckpointError)
         run = RunState(
             step=int(info["step"]),
             wall_s=float(info.get("wall_s", 0.0)),

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 import yaml
 
 from pipelines import configs
-from pipelines.arguments import add_overrides, ranged
+from pipelines.arguments import add_overrides, add_ranged
 
 DESCRIPTION = "Train a recipe's stages (configs/recipes/*.yaml) and pack their exports."
 DEFAULT_PART_BYTES = 16_700_000  # under the 16 MiB a lent machine returns per file
@@ -128,20 +128,14 @@ def load_recipe(path: str | pathlib.Path, extra_overrides: Sequence[str] = ()) -
 
 
 def stage_command(
-    stage: Stage,
-    *,
-    scale: float,
-    python: str,
-    tracking_uri: str | None = None,
-    budget_s: float | None = None,
+    stage: Stage, *, python: str, budget_s: float, tracking_uri: str | None = None
 ) -> list[str]:
-    """The ``specdec train`` command line of one stage (``budget_s``: instead of the
-    stage's own budget times ``scale``)."""
+    """The ``specdec train`` command line of one stage, training for ``budget_s`` seconds
+    (:func:`run_stages` scales and cuts the stage's own budget)."""
     command = [python, "-m", "pipelines.train", "--config", stage.config]
     if tracking_uri:
         command += ["--tracking-uri", tracking_uri]
-    budget = stage.budget_s * scale if budget_s is None else budget_s
-    command += ["--time-budget", f"{max(budget, 1.0):g}"]
+    command += ["--time-budget", f"{max(budget_s, 1.0):g}"]
     if stage.resume:
         command.append("--resume")
     for override in stage.overrides:
@@ -215,11 +209,7 @@ def run_stages(
                             continue
                         budget = min(budget, float(int(left)))
                     command = stage_command(
-                        run.stage,
-                        scale=scale,
-                        python=python,
-                        tracking_uri=tracking_uri,
-                        budget_s=budget,
+                        run.stage, python=python, budget_s=budget, tracking_uri=tracking_uri
                     )
                     run.log = open(out_dir / f"{run.stage.name}.log", "w")
                     print(f"[{time.time() - start:6.0f}s] {run.stage.name}: {' '.join(command)}")
@@ -348,27 +338,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run = sub.add_parser("run", help="train a recipe's stages and pack their exports")
     run.add_argument("recipe", help="configs/recipes/<name>.yaml")
     run.add_argument("--out", default=None, help="folder for logs and parts (runs/recipe/NAME)")
-    run.add_argument(
-        "--scale",
-        type=ranged(float, "--scale", low=0.0, low_open=True),
-        default=1.0,
-        help="multiply every stage's budget (e.g. a CPU smoke run)",
-    )
+    scale_help = "multiply every stage's budget (e.g. a CPU smoke run)"
+    add_ranged(run, "--scale", float, low=0.0, low_open=True, default=1.0, help=scale_help)
     add_overrides(run, "an override for every stage, after the recipe's own")
     run.add_argument("--return-dir", default=None, help="copy the manifest and parts here")
-    run.add_argument(
-        "--return-parts",
-        type=ranged(int, "--return-parts", low=0),
-        default=None,
-        help="with --return-dir: only the first N parts (the rest wait in OUT/parts)",
+    parts_help = "with --return-dir: only the first N parts (the rest wait in OUT/parts)"
+    add_ranged(run, "--return-parts", int, low=0, help=parts_help)
+    deadline_help = (
+        "seconds from now by which every stage has ended (budgets are cut to fit; "
+        "a lent machine's call limit minus the packing)"
     )
-    run.add_argument(
-        "--deadline",
-        type=ranged(float, "--deadline", low=0.0, low_open=True),
-        default=None,
-        help="seconds from now by which every stage has ended (budgets are cut to fit; "
-        "a lent machine's call limit minus the packing)",
-    )
+    add_ranged(run, "--deadline", float, low=0.0, low_open=True, help=deadline_help)
     run.add_argument("--python", default=sys.executable, help="the interpreter of the stages")
     run.add_argument("--tracking-uri", default=None, help="MLflow URI of the stages' train runs")
     unpack_parser = sub.add_parser("unpack", help="join and extract returned parts")

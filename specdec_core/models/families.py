@@ -144,16 +144,30 @@ def _t5_new_cache(name: str, config: t5.T5Config, params) -> NewCache:
     return new_cache
 
 
-T5 = Family(
-    name="t5",
-    config_class=t5.T5Config,
+def _params_as_inputs(forward, config, params) -> Forward:
+    """``forward`` bound to its config and params as a pytree (a ``jax.tree_util.Partial``):
+    decoding.jit_over passes the params to compiled programs as inputs, not constants."""
+    return jax.tree_util.Partial(functools.partial(forward, config), params)
+
+
+def _trained(name: str, module, config_class: type, **fields) -> Family:
+    """A family of trained networks: weights from a checkpoint, ``module.init_params``
+    for the shapes (and random init), ``module.forward`` taking the params as inputs."""
+    return Family(
+        name=name,
+        config_class=config_class,
+        weights="checkpoint",
+        init_params=module.init_params,
+        forward=functools.partial(_params_as_inputs, module.forward),
+        **fields,
+    )
+
+
+T5 = _trained(
+    "t5",
+    t5,
+    t5.T5Config,
     is_encoder_decoder=True,
-    weights="checkpoint",
-    init_params=t5.init_params,
-    # a pytree holding the params: decoding.jit_over passes them to programs as inputs
-    forward=lambda config, params: jax.tree_util.Partial(
-        functools.partial(t5.forward, config), params
-    ),
     new_cache=_t5_new_cache,
     serves_encoder_decoder=lambda config: True,
 )
@@ -171,15 +185,11 @@ def _decoder_new_cache(name: str, config: decoder.DecoderConfig, params) -> NewC
     return new_cache
 
 
-DECODER = Family(
-    name="decoder",
-    config_class=decoder.DecoderConfig,
+DECODER = _trained(
+    "decoder",
+    decoder,
+    decoder.DecoderConfig,
     is_encoder_decoder=False,
-    weights="checkpoint",
-    init_params=decoder.init_params,
-    forward=lambda config, params: jax.tree_util.Partial(
-        functools.partial(decoder.forward, config), params
-    ),
     new_cache=_decoder_new_cache,
     serves_encoder_decoder=lambda config: False,
     # gpt: learned absolute positions; lamda: relative position buckets, no limit

@@ -171,6 +171,18 @@ _NO_DROPOUT = _Dropout(0.0, None)
 # --------------------------------------------------------------------------- encoder
 
 
+def _position_bias(stack: Params, query_positions, key_positions, *, bidirectional: bool):
+    """One stack's (encoder's or decoder's) shared relative-position bias, [H, Q, K] (or
+    [B, H, Q, K] for per-row query positions)."""
+    return layers.relative_position_bias(
+        stack["relpos_bias"]["rel_embedding"],
+        query_positions,
+        key_positions,
+        bidirectional=bidirectional,
+        max_distance=MAX_DISTANCE,
+    )
+
+
 def encode(
     config: T5Config,
     params: Params,
@@ -186,13 +198,7 @@ def encode(
     enc = params["encoder"]
     valid = encoder_input_tokens > 0  # [B, S]
     positions = jnp.arange(encoder_input_tokens.shape[1])
-    bias = layers.relative_position_bias(
-        enc["relpos_bias"]["rel_embedding"],
-        positions,
-        positions,
-        bidirectional=True,
-        max_distance=MAX_DISTANCE,
-    )[None]  # [1, H, S, S]
+    bias = _position_bias(enc, positions, positions, bidirectional=True)[None]  # [1, H, S, S]
     bias = bias + layers.mask_to_bias(layers.attention_mask(valid, valid))  # [B, H, S, S]
     x = drop(layers.embed(params["token_embedder"]["embedding"], encoder_input_tokens, dtype=dtype))
     for i in range(config.num_encoder_layers):
@@ -280,13 +286,7 @@ def score(
     encoded = encode(config, params, encoder_input_tokens, drop=drop)
     target_valid = decoder_target_tokens > 0  # [B, T]
     positions = jnp.arange(decoder_input_tokens.shape[1])
-    self_bias = layers.relative_position_bias(
-        dec["relpos_bias"]["rel_embedding"],
-        positions,
-        positions,
-        bidirectional=False,
-        max_distance=MAX_DISTANCE,
-    )[None]  # [1, H, T, T]
+    self_bias = _position_bias(dec, positions, positions, bidirectional=False)[None]  # [1, H, T, T]
     self_mask = layers.causal_mask(positions, positions) & layers.attention_mask(
         target_valid, target_valid
     )
@@ -340,12 +340,8 @@ def _self_attention_bias(config: T5Config, params: Params, cache: T5Cache, num_n
     """Relative position bias plus causal/stale-slot mask: float32 [B, H, K, L]."""
     max_len = cache.self_keys[0].shape[1]
     positions = cache.lengths[:, None] + jnp.arange(num_new, dtype=jnp.int32)  # [B, K]
-    bias = layers.relative_position_bias(
-        params["decoder"]["relpos_bias"]["rel_embedding"],
-        positions,
-        jnp.arange(max_len, dtype=jnp.int32),
-        bidirectional=False,
-        max_distance=MAX_DISTANCE,
+    bias = _position_bias(
+        params["decoder"], positions, jnp.arange(max_len, dtype=jnp.int32), bidirectional=False
     )  # [B, H, K, L]
     mask = layers.cache_attention_mask(cache.lengths, num_new, max_len)  # [B, 1, K, L]
     return bias + layers.mask_to_bias(mask)

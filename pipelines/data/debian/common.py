@@ -28,7 +28,6 @@ MAX_CHARS = 1500  # a side longer than this is dropped (not a translation unit)
 
 _TAG = re.compile(r"</?([A-Za-z][A-Za-z0-9:_-]*)(?:\s[^<>]*)?/?>")
 _BREAKING_TAGS = {"br", "p", "li", "div", "tr", "td", "th", "ul", "ol", "h1", "h2", "h3"}
-_WHITESPACE = re.compile(r"\s+")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _TILDE_MARK = re.compile(r"~(?=\w)")
 _AMP_MARK = re.compile(r"&(?=[^\W\d_])(?![A-Za-z]+;|#\d+;)")
@@ -81,8 +80,7 @@ def clean_text(text: str, *, markup: bool = True, accelerators: bool = True) -> 
         text = strip_markup(text)
     if accelerators:
         text = strip_accelerators(text)
-    text = _CONTROL.sub(" ", text)
-    return _WHITESPACE.sub(" ", text).strip()
+    return ding.collapse_whitespace(_CONTROL.sub(" ", text))
 
 
 def reject_reason(english: str, german: str) -> str:
