@@ -12,6 +12,7 @@ log-run`` logs the run later from the saved summary.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import pathlib
 import subprocess
@@ -208,6 +209,8 @@ class OptionalRun:
     cannot be written, the server does not answer) is kept in ``error``, warned about
     once on stderr (with ``hint``), and turns every later :meth:`call` into a no-op;
     ``run_id`` is then None. An exception from the job itself ends the run as FAILED.
+    ``store``: :func:`ensure_experiment` already started in the background (a
+    :class:`workers.background.Background`), awaited on entry; its failure is the run's.
     """
 
     def __init__(
@@ -219,22 +222,26 @@ class OptionalRun:
         tags: Mapping[str, str] | None = None,
         tracking_uri: str | None = None,
         hint: str = "",
+        store=None,
     ):
-        self.experiment, self.run_name, self.params, self.tags = experiment, run_name, params, tags
+        self._begin = functools.partial(
+            _begin,
+            experiment,
+            run_name=run_name,
+            params=params,
+            tags=tags,
+            tracking_uri=tracking_uri,
+        )
         self.tracking_uri, self.hint = tracking_uri, hint
+        self.store = store  # a workers.background.Background of ensure_experiment, or None
         self.run_id: str | None = None
         self.error: str | None = None
 
     def __enter__(self) -> OptionalRun:
         try:
-            run = _begin(
-                self.experiment,
-                run_name=self.run_name,
-                params=self.params,
-                tags=self.tags,
-                tracking_uri=self.tracking_uri,
-            )
-            self.run_id = run.info.run_id
+            if self.store is not None:  # the store and experiment, set up in the background
+                self.store.wait()
+            self.run_id = self._begin().info.run_id
         except Exception as error:
             self._fail(error)
         return self

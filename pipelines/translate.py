@@ -39,16 +39,9 @@ import pathlib
 import sys
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines import job_report, part_files, record_io, text
-from pipelines.inference import (
-    EngineMetrics,
-    SpeculativeModelHandler,
-    close_engines,
-    process_started_at,
-    read_metrics,
-)
 from pipelines.model_resolver import (
     DEFAULT_DRAFT,
     DEFAULT_GAMMA,
@@ -57,9 +50,12 @@ from pipelines.model_resolver import (
     SUMMARY_TARGET,
     ResolvedModel,
 )
-from pipelines.transforms import engine_copies, run_pipeline
+from workers.background import Background
 from workers.batching import DecodeSettings, Request
 from workers.engine import EngineConfig, check_models, measure_step_costs
+
+if TYPE_CHECKING:
+    from pipelines.inference import EngineMetrics
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -142,8 +138,6 @@ def run_job(job: JobConfig) -> dict[str, Any]:
     """
     from pipelines import tracking
 
-    entered = time.time()
-    phases = {"startup": entered - process_started_at()}  # imports, parsing, models resolved
     records = record_io.read_records(job.input, fields=job.kind.fields, limit=job.limit)
     if not records:
         raise record_io.InputError(f"no records in {job.input}")
@@ -164,15 +158,21 @@ def run_job(job: JobConfig) -> dict[str, Any]:
             file=sys.stderr,
             flush=True,
         )
-    if job.engine.kind == "ray" and todo:
-        from workers.spec import ensure_ray, ray_cpus
-
-        start = time.perf_counter()
-        # before any JAX computation in this process; a local instance gets a CPU per
-        # model worker of every engine the pipeline builds (one per Beam worker process)
-        ensure_ray(job.engine.ray_address, num_cpus=ray_cpus(engine_copies(job.beam_args)))
-        phases["ray_start"] = time.perf_counter() - start
     tracking_uri = job.tracking_uri or tracking.default_tracking_uri()
+    # Ray's daemons and MLflow's store start while this process imports Beam; the job
+    # waits for each where it needs it (the phases count only that wait).
+    ray_start = _start_ray(job) if todo else None
+    store = Background(
+        lambda: tracking.ensure_experiment(job.kind.name, tracking_uri), name="mlflow-store"
+    )
+    from pipelines.inference import process_started_at
+
+    # imports, parsing, models resolved, input read
+    phases = {"startup": time.time() - process_started_at()}
+    if ray_start is not None:
+        start = time.perf_counter()
+        ray_start.wait()
+        phases["ray_start"] = time.perf_counter() - start
     summary_path = job.summary_json or default_summary_path(job.output)
     started = time.perf_counter()
     with tracking.OptionalRun(
@@ -182,6 +182,7 @@ def run_job(job: JobConfig) -> dict[str, Any]:
         tags={"workers": job.engine.kind},
         tracking_uri=tracking_uri,
         hint=f"; log it later with: specdec log-run --summary-json {summary_path}",
+        store=store,
     ) as run:
         phases["mlflow"] = time.perf_counter() - started
         job_id = run.run_id or uuid.uuid4().hex
@@ -246,6 +247,26 @@ def run_job(job: JobConfig) -> dict[str, Any]:
     return summary
 
 
+def _start_ray(job: JobConfig) -> Background | None:
+    """A Ray job's local instance (or its connection to ``--ray-address``), started in the
+    background; None for an in-process job. A local instance gets a CPU per model worker
+    of every engine the pipeline builds (one per Beam worker process)."""
+    if job.engine.kind != "ray":
+        return None
+    from workers.spec import ensure_ray, ray_cpus
+
+    copies = 1
+    if job.beam_args:  # Beam's options module is slow to import: only when there are options
+        from pipelines.transforms import engine_copies
+
+        copies = engine_copies(job.beam_args)
+    return Background(
+        lambda: ensure_ray(job.engine.ray_address, num_cpus=ray_cpus(copies)),
+        name="ray-start",
+        hold=lambda started_local: started_local,
+    )
+
+
 def _prediction(job: JobConfig, rows: list[dict], summary: dict[str, Any]) -> dict[str, Any]:
     """The cost model's predicted speedup for the run and measured / predicted
     (``job_report.prediction``), the model calls timed here on the run's median-length
@@ -290,6 +311,9 @@ def resume_settings(job: JobConfig) -> dict[str, Any]:
 def _run_and_close(records, *, job: JobConfig, job_id: str, parts: str) -> EngineMetrics:
     """Runs the pipeline and returns what its engines reported; closes the engines built
     in this process, even on failure (which raises record_io.JobFailed)."""
+    from pipelines.inference import SpeculativeModelHandler, close_engines, read_metrics
+    from pipelines.transforms import run_pipeline
+
     handler = SpeculativeModelHandler(
         target=job.target.spec,
         draft=job.draft.spec,

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from pipelines import cli, part_files, record_io, translate
+from pipelines import cli, part_files, record_io, transforms, translate
 from pipelines.cli import main
 from tests.test_translate_job import SENTENCES, job_args, tiny_pair
 
@@ -126,7 +126,7 @@ def test_a_pipeline_failure_exits_1_and_keeps_the_finished_records(
         part_files.start_parts(parts, translate.resume_settings(job))
         raise RuntimeError("disk on fire")  # the fault: the pipeline raises
 
-    monkeypatch.setattr(translate, "run_pipeline", broken)
+    monkeypatch.setattr(transforms, "run_pipeline", broken)  # translate imports it per job
     args, output = _args(workdir, models, workdir / "good.tsv", "broken")
     assert main(args) == cli.EXIT_FAILED
     err = capsys.readouterr().err

@@ -111,12 +111,14 @@ def ray_cpus(engines: int = 1) -> int:
     return max(os.cpu_count() or 2, 3, 2 * engines)
 
 
-def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:
-    """Starts a local Ray instance (or joins ``address``) unless one is running."""
+def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool:
+    """Starts a local Ray instance (or joins ``address``) unless one is running; True
+    when it started a local instance (whose daemons live as long as the calling thread,
+    :class:`workers.background.Background`)."""
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # Ray starts workers at nice 15; its own daemons and the driver then preempt the
     # model compute at every wake-up. The workers are this job's work: normal priority.
@@ -124,5 +126,6 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> No
     kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     if address:
         ray.init(address=address, **kwargs)
-    else:
-        ray.init(num_cpus=num_cpus or ray_cpus(), **kwargs)
+        return False
+    ray.init(num_cpus=num_cpus or ray_cpus(), **kwargs)
+    return True
