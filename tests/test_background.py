@@ -83,3 +83,48 @@ def test_a_fresh_process_ray_job_keeps_the_instance_it_started_in_the_background
     phases = result["time_breakdown"]
     assert 0.0 <= phases["ray_start"] and phases["startup"] > 0.0
     assert set(result["placement"]) == {"target", "draft"}
+
+
+# ------------------------------------------------------------- the engine, started early
+
+
+def _handler(job_id: str):
+    from pipelines.inference import SpeculativeModelHandler
+    from specdec_core.models import registry
+    from workers.batching import DecodeSettings
+    from workers.engine import EngineConfig
+    from workers.spec import ModelSpec
+
+    config = registry.get_config("t5_tiny_test", vocab_size=512)
+    return SpeculativeModelHandler(
+        target=ModelSpec(name="target", family="t5", config=config, init_seed=0),
+        draft=ModelSpec(name="draft", family="t5", config=config, init_seed=1),
+        settings=DecodeSettings(gamma=2, max_new_tokens=4),
+        engine=EngineConfig(kind="inprocess", gamma=2),
+        compare_baseline=False,
+        job_id=job_id,
+    )
+
+
+def test_load_model_takes_the_engine_the_job_started_instead_of_building_another():
+    from pipelines import inference
+
+    handler = _handler("early-job")
+    inference.start_engine("early-job", handler.engine, **handler.build_args())
+    model = handler.load_model()
+    assert inference._ENGINES["early-job"] == [model.engine]  # one engine: the started one
+    assert "early-job" not in inference._STARTED
+    second = _handler("early-job").load_model()  # another load in this process builds anew
+    assert inference._ENGINES["early-job"] == [model.engine, second.engine]
+    inference.close_engines("early-job")
+    assert "early-job" not in inference._ENGINES
+
+
+def test_close_engines_waits_for_an_engine_no_load_model_took_and_closes_it():
+    from pipelines import inference
+
+    handler = _handler("unclaimed-job")
+    inference.start_engine("unclaimed-job", handler.engine, **handler.build_args())
+    inference.close_engines("unclaimed-job")  # e.g. every record went to the dead letters
+    assert "unclaimed-job" not in inference._STARTED
+    assert "unclaimed-job" not in inference._ENGINES
