@@ -27,7 +27,6 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.ml.inference.base import ModelHandler
 
 from pipelines import record_io, text
-from workers.background import Background
 from workers.batching import DecodeSettings, Generation, Request, pack
 from workers.engine import EngineConfig, build_engine
 
@@ -181,40 +180,9 @@ _ENGINES: dict[str, list[Any]] = {}  # job id -> engines this process built (to 
 _ENGINES_LOCK = threading.Lock()
 
 
-_STARTED: dict[str, Background] = {}  # job id -> its engine, being built (start_engine)
-
-
-def _build(job_id: str, engine_config: EngineConfig, **models_and_settings):
-    """build_engine, the engine registered under ``job_id`` (closed by close_engines)."""
-    engine = build_engine(engine_config, **models_and_settings)
-    with _ENGINES_LOCK:
-        _ENGINES.setdefault(job_id, []).append(engine)
-    return engine
-
-
-def start_engine(job_id: str, engine_config: EngineConfig, **models_and_settings) -> None:
-    """Starts building the job's engine in the background, for the first ``load_model``
-    of this process to take (a Ray engine's actors load their models while the job sets
-    up MLflow and the pipeline). Only for a pipeline that runs in this process: in other
-    processes ``load_model`` builds its own, and close_engines closes this one."""
-    started = Background(
-        lambda: _build(job_id, engine_config, **models_and_settings), name="engine-start"
-    )
-    with _ENGINES_LOCK:
-        _STARTED[job_id] = started
-
-
 def close_engines(job_id: str) -> None:
-    """Closes (for Ray: kills the actors of) every engine the job built in this process,
-    one still being built by start_engine included. Engines built in Beam worker
-    processes end with those processes."""
-    with _ENGINES_LOCK:
-        started = _STARTED.pop(job_id, None)
-    if started is not None:
-        try:
-            started.wait()  # registered in _ENGINES once built
-        except Exception:  # load_model never took it; its error did not stop the job
-            pass
+    """Closes (for Ray: kills the actors of) every engine the job built in this process.
+    Engines built in Beam worker processes end with those processes."""
     with _ENGINES_LOCK:
         engines = _ENGINES.pop(job_id, [])
     for engine in engines:
@@ -275,20 +243,17 @@ class SpeculativeModelHandler(ModelHandler):
         self._batches = 0  # batches decoded (the paired calls' order alternates with it)
         self._progress: Progress | None = None
 
-    def build_args(self) -> dict:
-        """What build_engine takes (start_engine and load_model build the same engine)."""
-        return dict(
-            target=self.target, draft=self.draft, settings=self.settings, warm_up=self.warmup
-        )
-
     def load_model(self):
-        start = time.perf_counter()  # engine_start: the time this waited for the engine
+        start = time.perf_counter()
+        engine = build_engine(
+            self.engine,
+            target=self.target,
+            draft=self.draft,
+            settings=self.settings,
+            warm_up=self.warmup,
+        )
         with _ENGINES_LOCK:
-            started = _STARTED.pop(self.job_id, None)
-        if started is not None:
-            engine = started.wait()
-        else:
-            engine = _build(self.job_id, self.engine, **self.build_args())
+            _ENGINES.setdefault(self.job_id, []).append(engine)
         return MeteredEngine(engine, start_s=time.perf_counter() - start)
 
     def run_inference(

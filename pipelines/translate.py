@@ -173,12 +173,6 @@ def run_job(job: JobConfig) -> dict[str, Any]:
         start = time.perf_counter()
         ray_start.wait()
         phases["ray_start"] = time.perf_counter() - start
-    job_id = uuid.uuid4().hex
-    handler = _handler(job, job_id, len(todo)) if todo else None
-    if handler is not None and not job.beam_args:  # the pipeline runs here: start its engine
-        from pipelines.inference import start_engine
-
-        start_engine(job_id, handler.engine, **handler.build_args())
     summary_path = job.summary_json or default_summary_path(job.output)
     started = time.perf_counter()
     with tracking.OptionalRun(
@@ -191,8 +185,9 @@ def run_job(job: JobConfig) -> dict[str, Any]:
         store=store,
     ) as run:
         phases["mlflow"] = time.perf_counter() - started
+        job_id = run.run_id or uuid.uuid4().hex
         pipeline_start = time.perf_counter()
-        engines = _run_and_close(todo, job=job, handler=handler, parts=parts) if todo else None
+        engines = _run_and_close(todo, job=job, job_id=job_id, parts=parts) if todo else None
         in_pipeline = time.perf_counter() - pipeline_start
         traffic = engines.traffic if engines else None
         phases |= engines.phases if engines else {}
@@ -313,12 +308,13 @@ def resume_settings(job: JobConfig) -> dict[str, Any]:
     return params | {"output": job.output, "dead_letter": job.dead_letter}
 
 
-def _handler(job: JobConfig, job_id: str, records: int):
-    """The pipeline's RunInference handler (its engine: the job's, joinable by Beam
-    worker processes)."""
-    from pipelines.inference import SpeculativeModelHandler
+def _run_and_close(records, *, job: JobConfig, job_id: str, parts: str) -> EngineMetrics:
+    """Runs the pipeline and returns what its engines reported; closes the engines built
+    in this process, even on failure (which raises record_io.JobFailed)."""
+    from pipelines.inference import SpeculativeModelHandler, close_engines, read_metrics
+    from pipelines.transforms import run_pipeline
 
-    return SpeculativeModelHandler(
+    handler = SpeculativeModelHandler(
         target=job.target.spec,
         draft=job.draft.spec,
         settings=job.settings,
@@ -326,17 +322,9 @@ def _handler(job: JobConfig, job_id: str, records: int):
         compare_baseline=job.compare_baseline,
         job_id=job_id,
         warmup=job.warmup,
-        total_records=records,
+        total_records=len(records),
         progress=job.progress,
     )
-
-
-def _run_and_close(records, *, job: JobConfig, handler, parts: str) -> EngineMetrics:
-    """Runs the pipeline and returns what its engines reported; closes the engines built
-    in this process, even on failure (which raises record_io.JobFailed)."""
-    from pipelines.inference import close_engines, read_metrics
-    from pipelines.transforms import run_pipeline
-
     try:
         return read_metrics(run_pipeline(records, job=job, handler=handler, parts=parts))
     except Exception as error:
@@ -345,7 +333,7 @@ def _run_and_close(records, *, job: JobConfig, handler, parts: str) -> EngineMet
             f"are kept in {parts}: rerun the same command to continue"
         ) from error
     finally:
-        close_engines(handler.job_id)
+        close_engines(job_id)
 
 
 def _joinable(engine: EngineConfig) -> EngineConfig:
