@@ -22,7 +22,7 @@ Jobs (``--jobs`` picks some):
 Usage (BENCHMARKS.md "Automatic γ" gives the command run)::
 
     .venv/bin/python benchmarks/bench_jobs_gamma.py [--rounds 2] [--jobs translate,summarize]
-        [--json runs/bench/jobs_gamma.json] [--draft NAME]
+        [--json runs/bench/jobs_gamma.json] [--draft NAME] [--batch-size N]
 """
 
 from __future__ import annotations
@@ -123,13 +123,15 @@ def main(argv=None) -> None:
     parser.add_argument("--jobs", default="translate,summarize", help="groups to run")
     parser.add_argument("--json", default=None, help="write every run's summary here")
     parser.add_argument("--draft", default=DEFAULT_DRAFT, help="the translate jobs' draft")
+    parser.add_argument("--batch-size", type=int, default=1, help="every job's --batch-size")
     args = parser.parse_args(argv)
     groups = set(args.jobs.split(","))
     known = jobs(args.draft)
     unknown = groups - {group for group, _ in known.values()}
     if unknown:
         parser.error(f"unknown job group(s): {', '.join(sorted(unknown))}")
-    chosen = {name: job for name, (group, job) in known.items() if group in groups}
+    batch = ("--batch-size", str(args.batch_size))
+    chosen = {name: (*job, *batch) for name, (group, job) in known.items() if group in groups}
     results: dict[str, list[dict]] = {name: [] for name in chosen}
     with tempfile.TemporaryDirectory(prefix="bench-jobs-") as folder:
         for round_ in range(1, args.rounds + 1):
