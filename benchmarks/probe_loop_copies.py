@@ -1,34 +1,33 @@
 """The copies XLA puts in the compiled target-alone loop (issue 20 item 2: where the
 loop's time beyond the model call goes).
 
-Compiles ``decoding``'s target-alone loop for a model at a batch size, as a job does
-(prefilled cache, greedy), and lists the ``copy`` instructions of the optimized HLO by
-shape, with how many sit in the while loop's body (``op_name`` under ``while/body``) and
-the bytes they move per step. A copy of a whole KV cache per layer and step is memory
+Runs ``decoding.autoregressive_generate`` (the target-alone loop, compiled whole) for a
+model at a batch size, greedy, with XLA dumping what it compiles, and lists the
+``copy`` instructions of the loop's optimized HLO by shape: how many there are, how many
+are tagged as the while loop's body (``op_name`` under ``while/body``), and the bytes
+each moves. A copy of a whole KV cache per layer and step is memory
 traffic that the cost model's "loop per step" figure absorbs.
 
 Usage (BENCHMARKS.md "Automatic γ", batch 16, gives the command run)::
 
     .venv/bin/python benchmarks/probe_loop_copies.py [--model ende_target_debian]
-        [--batch 16] [--encoder-len 32] [--cache-len 96]
+        [--batch 16] [--encoder-len 32] [--max-new-tokens 20] [--cache-len 96]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import os
 import pathlib
 import re
 import sys
+import tempfile
 
 import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-
-from pipelines import model_resolver  # noqa: E402
-from specdec_core import decoding, sampling  # noqa: E402
-from specdec_core.models import bound  # noqa: E402
 
 _BYTES = {"f32": 4, "bf16": 2, "s32": 4, "u32": 4, "pred": 1, "f16": 2}
 
@@ -38,24 +37,50 @@ def _nbytes(shape: str) -> int:
     return _BYTES.get(kind, 4) * int(np.prod([int(d) for d in dims.split(",") if d] or [1]))
 
 
+def _loop_hlo(dump: pathlib.Path) -> str:
+    """The optimized HLO XLA dumped for the program holding the decode loop (a while loop
+    with the cache writes in its body)."""
+    for path in sorted(dump.glob("*after_optimizations.txt")):
+        text = path.read_text()
+        if "while/body/scatter" in text:
+            return text
+    raise SystemExit(f"no dumped program in {dump} holds the decode loop")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="ende_target_debian")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--encoder-len", type=int, default=32)
-    parser.add_argument("--cache-len", type=int, default=96)
+    parser.add_argument("--max-new-tokens", type=int, default=20)
+    parser.add_argument("--cache-len", type=int, default=96, help="slots (a job: 32·k)")
     args = parser.parse_args(argv)
+    dump = pathlib.Path(tempfile.mkdtemp(prefix="loop_hlo_"))
+    # XLA writes every program it compiles here (set before JAX starts)
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dump}"
+    os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)  # compile, so that XLA dumps
+
+    from pipelines import model_resolver
+    from specdec_core import decoding, sampling
+    from specdec_core.models import bound
+
     spec = model_resolver.resolve_model(args.model, role="--model").spec
     model = bound.load_model(spec.name, spec.family, spec.config, checkpoint=spec.checkpoint)
     rows = args.batch
     encoder = np.full((rows, args.encoder_len), 5, np.int32)
     encoder[:, -1] = 1
-    cache = model.new_cache(encoder, rows, args.cache_len)
-    prompt, lengths = np.zeros((rows, 1), np.int32), np.ones(rows, np.int32)
-    _, _, state, _ = decoding._begin(prompt, lengths, np.arange(rows), 0, 20, gamma=0)
-    cache = decoding.prefill_fn(model.forward)(cache, prompt, lengths)
-    loop = decoding._autoregressive_fn(model.forward, sampling.GREEDY, 1)
-    hlo = loop.func.lower(*loop.args, state, cache).compile().as_text()
+    cache_len = args.cache_len
+    decoding.autoregressive_generate(
+        target=model.forward,
+        target_cache=model.new_cache(encoder, rows, cache_len),
+        prompt_tokens=np.zeros((rows, 1), np.int32),
+        prompt_lengths=np.ones(rows, np.int32),
+        request_ids=np.arange(rows),
+        max_new_tokens=args.max_new_tokens,
+        sampling_config=sampling.GREEDY,
+        eos_id=None,
+    )
+    hlo = _loop_hlo(dump)
     found = collections.Counter()
     in_body = collections.Counter()
     for line in hlo.splitlines():
@@ -63,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         if match:
             found[match.group(1)] += 1
             in_body[match.group(1)] += "while/body" in line
-    print(f"{args.model}, batch {rows}, cache {args.cache_len}, encoder {args.encoder_len}")
+    print(f"{args.model}, batch {rows}, cache {cache_len}, encoder {args.encoder_len}")
     print("| shape | copies | tagged while/body | bytes each |")
     print("|---|---|---|---|")
     for shape, n in found.most_common():
