@@ -55,12 +55,12 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
 )
 
 _CACHE_AXES: dict[str, Axes] = {
-    "self_keys": ("batch", "length", "heads", "kv"),  # T5Cache
-    "self_values": ("batch", "length", "heads", "kv"),
-    "cross_keys": ("batch", "length", "heads", "kv"),
-    "cross_values": ("batch", "length", "heads", "kv"),
-    "keys": ("batch", "length", "heads", "kv"),  # DecoderCache
-    "values": ("batch", "length", "heads", "kv"),
+    "self_keys": ("batch", "heads", "length", "kv"),  # T5Cache (heads-major)
+    "self_values": ("batch", "heads", "length", "kv"),
+    "cross_keys": ("batch", "heads", "length", "kv"),
+    "cross_values": ("batch", "heads", "length", "kv"),
+    "keys": ("batch", "heads", "length", "kv"),  # DecoderCache (heads-major)
+    "values": ("batch", "heads", "length", "kv"),
     "encoded": ("batch", "length", "embed"),
     "encoder_mask": ("batch", "length"),
     "history": ("batch", "length"),  # TableCache

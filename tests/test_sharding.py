@@ -101,9 +101,9 @@ _MESH_SCRIPT = textwrap.dedent(
     assert wi.sharding.spec == P(None, "model")
     sharded = run(sharded_params, lambda c: sharding.shard_cache(c, mesh))
     keys = sharded[2].self_keys[0]
-    want = jax.sharding.NamedSharding(mesh, P("data", None, "model", None))
+    want = jax.sharding.NamedSharding(mesh, P("data", "model", None, None))  # [B, H, L, D]
     assert keys.sharding.is_equivalent_to(want, 4), keys.sharding
-    assert keys.addressable_shards[0].data.shape == (1, 8, 1, 2)
+    assert keys.addressable_shards[0].data.shape == (1, 1, 8, 2)
     for a, b in zip(plain[:2], sharded[:2]):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
     np.testing.assert_array_equal(sharded[2].lengths, [5, 6])

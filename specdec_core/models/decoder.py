@@ -51,7 +51,7 @@ pre_mlp_layer_norm; ``h.{i}.mlp.c_fc`` → mlp/wi; ``h.{i}.mlp.c_proj`` → mlp/
 n_head = num_heads, head_dim = n_embd / n_head, n_inner = mlp_dim (default 4·n_embd),
 n_positions = max_len, layer_norm_epsilon 1e-5.
 
-Cache: per-layer K/V buffers ``[B, max_len, H, D]`` in the activation dtype and
+Cache: per-layer K/V buffers ``[B, H, max_len, D]`` (heads-major) in the activation dtype and
 ``lengths: int32[B]``. For the gpt variant the cache's ``max_len`` must not exceed
 ``config.max_len`` (positions past it have no embedding).
 """
@@ -115,8 +115,8 @@ class DecoderConfig:
 class DecoderCache:
     keys: tuple[
         jax.Array, ...
-    ]  # num_layers × [B, max_len, H, D]: keys per slot (stale past lengths)
-    values: tuple[jax.Array, ...]  # num_layers × [B, max_len, H, D]
+    ]  # num_layers × [B, H, max_len, D]: keys per slot (stale past lengths)
+    values: tuple[jax.Array, ...]  # num_layers × [B, H, max_len, D]
     lengths: jax.Array  # [B] int32: committed positions per row
 
 
@@ -204,10 +204,11 @@ def _init_lamda(config, k_embed, k_relpos, k_layers):
 
 
 def init_cache(config: DecoderConfig, batch_size: int, max_len: int) -> DecoderCache:
-    """An empty cache: zero K/V buffers [B, max_len, H, D] per layer, every row at length 0."""
+    """An empty cache: zero K/V buffers [B, H, max_len, D] per layer (heads-major:
+    layers.write_cache), every row at length 0."""
     if config.variant == "gpt" and max_len > config.max_len:
         raise ValueError(f"cache max_len {max_len} exceeds the model's {config.max_len} positions")
-    shape = (batch_size, max_len, config.num_heads, config.head_dim)
+    shape = (batch_size, config.num_heads, max_len, config.head_dim)
     buffers = tuple(jnp.zeros(shape, config.activation_dtype) for _ in range(config.num_layers))
     return DecoderCache(keys=buffers, values=buffers, lengths=jnp.zeros((batch_size,), jnp.int32))
 
@@ -312,7 +313,7 @@ def forward(config: DecoderConfig, params, cache: DecoderCache, tokens: jax.Arra
     """
     params = params["decoder"]
     k = tokens.shape[1]
-    max_len = cache.keys[0].shape[1] if cache.keys else 0
+    max_len = cache.keys[0].shape[2] if cache.keys else 0
     positions = cache.lengths[:, None] + jnp.arange(k, dtype=jnp.int32)  # [B, K]
     slots = jnp.arange(max_len, dtype=jnp.int32)  # [L]
     mask = layers.cache_attention_mask(cache.lengths, k, max_len)  # [B, 1, K, L]
@@ -336,7 +337,7 @@ def forward(config: DecoderConfig, params, cache: DecoderCache, tokens: jax.Arra
 
 
 def _cached_attention(config: DecoderConfig, params, h, *, key_cache, value_cache, lengths, bias):
-    """h [B, K, E] -> (out [B, K, E], (key_cache, value_cache)): caches [B, L, H, D], K written."""
+    """h [B, K, E] -> (out [B, K, E], (key_cache, value_cache)): caches [B, H, L, D], K written."""
     out, key_cache, value_cache = layers.cached_self_attention(
         params,
         h,

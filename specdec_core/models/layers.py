@@ -17,7 +17,7 @@ the query initializer), masks become an additive bias of -1e10.
 Shapes: B batch, Q query positions, S key positions, L max cache length, K new tokens,
 E embed, H heads, D head_dim, F mlp_dim. Positions are absolute token indices.
 
-KV caches are fixed-size buffers ``[B, L, H, D]`` written at per-row offsets
+KV caches are fixed-size heads-major buffers ``[B, H, L, D]`` written at per-row offsets
 ``lengths: int32[B]`` (see ``specdec_core.models.api``); slots at or past a row's
 ``lengths + K`` are stale and masked by ``cache_attention_mask``.
 """
@@ -249,19 +249,22 @@ def dot_product_attention(
     bias: jax.Array | None,
     *,
     query_scale: float = 1.0,
+    kv_heads_major: bool = False,
 ) -> jax.Array:
     """softmax(q·k * query_scale + bias) · v, logits and softmax in float32.
 
-    query: [B, Q, H, D]; key, value: [B, S, H, D]; bias: broadcastable to [B, H, Q, S]
-    -> [B, Q, H, D] in query's dtype. T5X uses ``query_scale=1`` (no 1/sqrt(D)).
+    query: [B, Q, H, D]; key, value: [B, S, H, D] ([B, H, S, D] with ``kv_heads_major``,
+    a cache's layout); bias: broadcastable to [B, H, Q, S] -> [B, Q, H, D] in query's
+    dtype. T5X uses ``query_scale=1`` (no 1/sqrt(D)).
     """
-    logits = jnp.einsum("bqhd,bshd->bhqs", query, key, preferred_element_type=jnp.float32)
+    kv = "bhsd" if kv_heads_major else "bshd"
+    logits = jnp.einsum(f"bqhd,{kv}->bhqs", query, key, preferred_element_type=jnp.float32)
     if query_scale != 1.0:
         logits = logits * query_scale
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)
     weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)  # [B, H, Q, S]
-    return jnp.einsum("bhqs,bshd->bqhd", weights, value)
+    return jnp.einsum(f"bhqs,{kv}->bqhd", weights, value)
 
 
 def output_projection(params: Params, attended: jax.Array, *, dtype=None) -> jax.Array:
@@ -292,13 +295,17 @@ def multi_head_attention(
 
 
 def write_cache(buffer: jax.Array, new: jax.Array, lengths: jax.Array) -> jax.Array:
-    """Writes new [B, K, ...] into buffer [B, L, ...] at slots lengths[b] .. lengths[b]+K-1.
+    """Writes new [B, K, H, D] into a cache buffer [B, H, L, D] at slots lengths[b] ..
+    lengths[b]+K-1.
 
+    The cache is heads-major, the layout the attention's dot reads: a [B, L, H, D] cache
+    made XLA rewrite every layer's whole keys and values into it on every decode step.
     Writes past L are dropped (callers keep lengths + K <= L).
     """
     positions = lengths[:, None] + jnp.arange(new.shape[1], dtype=lengths.dtype)  # [B, K]
     rows = jnp.arange(new.shape[0])[:, None]
-    return buffer.at[rows, positions].set(new.astype(buffer.dtype), mode="drop")
+    # the advanced indices (rows, positions) are split by a slice: their [B, K] comes first
+    return buffer.at[rows, :, positions].set(new.astype(buffer.dtype), mode="drop")
 
 
 def cached_self_attention(
@@ -316,8 +323,9 @@ def cached_self_attention(
     """Self-attention of K new tokens per row over a fixed-size KV cache.
 
     x: [B, K, E] new tokens at positions lengths[b] + t; key_cache, value_cache:
-    [B, L, H, D]; lengths: int32[B] (positions held before this call); bias: additive,
-    broadcastable to [B, H, K, L], which MUST include the ``cache_attention_mask``
+    [B, H, L, D] (heads-major, :func:`write_cache`); lengths: int32[B] (positions held
+    before this call); bias: additive, broadcastable to [B, H, K, L], which MUST include
+    the ``cache_attention_mask``
     (as ``mask_to_bias``) plus any relative position bias.
     Returns (out [B, K, E], key_cache, value_cache) with the K new slots written.
     """
@@ -331,6 +339,7 @@ def cached_self_attention(
         value_cache.astype(query.dtype),
         bias,
         query_scale=query_scale,
+        kv_heads_major=True,
     )
     return output_projection(params, attended, dtype=dtype), key_cache, value_cache
 
@@ -345,10 +354,11 @@ def cross_attention(
     num_heads: int,
     dtype=None,
 ) -> jax.Array:
-    """Attention of x [B, Q, E] over precomputed key/value [B, S, H, D] -> [B, Q, E]."""
+    """Attention of x [B, Q, E] over precomputed key/value [B, H, S, D] (heads-major)
+    -> [B, Q, E]."""
     query = split_heads(dense(params["query"], x, dtype=dtype), num_heads)
     attended = dot_product_attention(
-        query, key.astype(query.dtype), value.astype(query.dtype), bias
+        query, key.astype(query.dtype), value.astype(query.dtype), bias, kv_heads_major=True
     )
     return output_projection(params, attended, dtype=dtype)
 

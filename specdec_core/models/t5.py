@@ -70,10 +70,10 @@ class T5Config:
 class T5Cache:
     """Decoder state for cached decoding; one tuple entry per decoder layer."""
 
-    self_keys: tuple[jax.Array, ...]  # [B, L, H, D] each: self-attention keys by position
-    self_values: tuple[jax.Array, ...]  # [B, L, H, D] each
-    cross_keys: tuple[jax.Array, ...]  # [B, S, H, D] each: projected encoder output
-    cross_values: tuple[jax.Array, ...]  # [B, S, H, D] each
+    self_keys: tuple[jax.Array, ...]  # [B, H, L, D] each: self-attention keys by position
+    self_values: tuple[jax.Array, ...]  # [B, H, L, D] each (heads-major: layers.write_cache)
+    cross_keys: tuple[jax.Array, ...]  # [B, H, S, D] each: projected encoder output
+    cross_values: tuple[jax.Array, ...]  # [B, H, S, D] each
     encoded: jax.Array  # [B, S, E]: encoder output
     encoder_mask: jax.Array  # [B, S] bool: encoder_input_tokens > 0
     lengths: jax.Array  # [B] int32: decoder positions committed per row
@@ -252,7 +252,8 @@ def _logits(
 
 
 def _cross_kv(config: T5Config, params: Params, encoded: jax.Array):
-    """Per decoder layer (key, value) [B, S, H, D] of the encoder output."""
+    """Per decoder layer (key, value) [B, H, S, D] of the encoder output (heads-major, the
+    layout the attention's dot reads: a decode step then never rewrites them)."""
     dec = params["decoder"]
     pairs = [
         layers.project_kv(
@@ -260,7 +261,7 @@ def _cross_kv(config: T5Config, params: Params, encoded: jax.Array):
         )
         for i in range(config.num_decoder_layers)
     ]
-    return tuple(k for k, _ in pairs), tuple(v for _, v in pairs)
+    return tuple(k.swapaxes(1, 2) for k, _ in pairs), tuple(v.swapaxes(1, 2) for _, v in pairs)
 
 
 def score(
@@ -323,7 +324,7 @@ def init_cache(
     encoded = encode(config, params, encoder_input_tokens)
     cross_keys, cross_values = _cross_kv(config, params, encoded)
     batch = encoder_input_tokens.shape[0]
-    shape = (batch, max_decode_len, config.num_heads, config.head_dim)
+    shape = (batch, config.num_heads, max_decode_len, config.head_dim)
     empty = tuple(jnp.zeros(shape, dtype) for _ in range(config.num_decoder_layers))
     return T5Cache(
         self_keys=empty,
@@ -338,7 +339,7 @@ def init_cache(
 
 def _self_attention_bias(config: T5Config, params: Params, cache: T5Cache, num_new: int):
     """Relative position bias plus causal/stale-slot mask: float32 [B, H, K, L]."""
-    max_len = cache.self_keys[0].shape[1]
+    max_len = cache.self_keys[0].shape[2]
     positions = cache.lengths[:, None] + jnp.arange(num_new, dtype=jnp.int32)  # [B, K]
     bias = _position_bias(
         params["decoder"], positions, jnp.arange(max_len, dtype=jnp.int32), bidirectional=False
