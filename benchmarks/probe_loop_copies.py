@@ -1,8 +1,10 @@
-"""The copies XLA puts in the compiled target-alone loop (issue 20 item 2: where the
-loop's time beyond the model call goes).
+"""The copies XLA puts in a compiled decode loop (issue 20 item 2: where the loop's time
+beyond the model calls goes).
 
-Runs ``decoding.autoregressive_generate`` (the target-alone loop, compiled whole) for a
-model at a batch size, greedy, with XLA dumping what it compiles, and lists the
+Runs ``decoding.autoregressive_generate`` (the target-alone loop, compiled whole) or,
+with ``--draft``, ``decoding.speculative_generate(compiled=True)`` (the speculative
+loop at ``--gamma``) for a model at a batch size, greedy, with XLA dumping what it
+compiles, and lists the
 ``copy`` instructions of the loop's optimized HLO by shape: how many there are, how many
 are tagged as the while loop's body (``op_name`` under ``while/body``), and the bytes
 each moves. A copy of a whole KV cache per layer and step is memory
@@ -12,6 +14,7 @@ Usage (BENCHMARKS.md "Automatic γ", batch 16, gives the command run)::
 
     .venv/bin/python benchmarks/probe_loop_copies.py [--model ende_target_debian]
         [--batch 16] [--encoder-len 32] [--max-new-tokens 20] [--cache-len 96]
+        [--draft ende_draft_debian --gamma 3]
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--encoder-len", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=20)
     parser.add_argument("--cache-len", type=int, default=96, help="slots (a job: 32·k)")
+    parser.add_argument("--draft", default=None, help="probe the speculative loop with it")
+    parser.add_argument("--gamma", type=int, default=3, help="with --draft")
     args = parser.parse_args(argv)
     dump = pathlib.Path(tempfile.mkdtemp(prefix="loop_hlo_"))
     # XLA writes every program it compiles here (set before JAX starts)
@@ -64,13 +69,16 @@ def main(argv: list[str] | None = None) -> int:
     from specdec_core import decoding, sampling
     from specdec_core.models import bound
 
-    spec = model_resolver.resolve_model(args.model, role="--model").spec
-    model = bound.load_model(spec.name, spec.family, spec.config, checkpoint=spec.checkpoint)
+    def load(name, role):
+        spec = model_resolver.resolve_model(name, role=role).spec
+        return bound.load_model(spec.name, spec.family, spec.config, checkpoint=spec.checkpoint)
+
+    model = load(args.model, "--model")
     rows = args.batch
     encoder = np.full((rows, args.encoder_len), 5, np.int32)
     encoder[:, -1] = 1
     cache_len = args.cache_len
-    decoding.autoregressive_generate(
+    common = dict(
         target=model.forward,
         target_cache=model.new_cache(encoder, rows, cache_len),
         prompt_tokens=np.zeros((rows, 1), np.int32),
@@ -80,6 +88,17 @@ def main(argv: list[str] | None = None) -> int:
         sampling_config=sampling.GREEDY,
         eos_id=None,
     )
+    if args.draft is None:
+        decoding.autoregressive_generate(**common)
+    else:
+        draft = load(args.draft, "--draft")
+        decoding.speculative_generate(
+            **common,
+            draft=draft.forward,
+            draft_cache=draft.new_cache(encoder, rows, cache_len),
+            gamma=args.gamma,
+            compiled=True,
+        )
     hlo = _loop_hlo(dump)
     found = collections.Counter()
     in_body = collections.Counter()
@@ -88,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         if match:
             found[match.group(1)] += 1
             in_body[match.group(1)] += "while/body" in line
-    print(f"{args.model}, batch {rows}, cache {cache_len}, encoder {args.encoder_len}")
+    loop = "target alone" if args.draft is None else f"draft {args.draft}, gamma {args.gamma}"
+    print(f"{args.model}, {loop}, batch {rows}, cache {cache_len}, encoder {args.encoder_len}")
     print("| shape | copies | tagged while/body | bytes each |")
     print("|---|---|---|---|")
     for shape, n in found.most_common():
