@@ -216,6 +216,10 @@ def init_cache(config: DecoderConfig, batch_size: int, max_len: int) -> DecoderC
 # --------------------------------------------------------------------------- forward
 
 
+def _heads(config: DecoderConfig) -> layers.Heads:
+    return layers.Heads(config.num_heads, config.query_scale, config.activation_dtype)
+
+
 def _norm(config: DecoderConfig, params, x):
     """Pre-norm: LayerNorm (gpt) or RMS norm (lamda). x: [B, K, E] -> [B, K, E]."""
     if config.variant == "gpt":
@@ -292,9 +296,7 @@ def score(config: DecoderConfig, params, tokens: jax.Array) -> jax.Array:
             h,
             h,
             bias,
-            num_heads=config.num_heads,
-            query_scale=config.query_scale,
-            dtype=config.activation_dtype,
+            _heads(config),
         ),
         None,
     )
@@ -345,8 +347,6 @@ def _cached_attention(config: DecoderConfig, params, h, *, key_cache, value_cach
         value_cache,
         lengths,
         bias,
-        num_heads=config.num_heads,
-        query_scale=config.query_scale,
-        dtype=config.activation_dtype,
+        _heads(config),
     )
     return out, (key_cache, value_cache)

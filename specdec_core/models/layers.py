@@ -24,6 +24,7 @@ KV caches are fixed-size heads-major buffers ``[B, H, L, D]`` written at per-row
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -228,17 +229,24 @@ def cache_attention_mask(lengths: jax.Array, num_new: int, max_len: int) -> jax.
     return causal_mask(query_positions, jnp.arange(max_len, dtype=lengths.dtype))
 
 
+@dataclasses.dataclass(frozen=True)
+class Heads:
+    """How a model's attention blocks split and scale (the same for all of its blocks)."""
+
+    num: int  # H
+    query_scale: float = 1.0  # on the logits; T5X: 1 (no 1/sqrt(D): folded into the init)
+    dtype: Any = None  # the projections' compute dtype; None: the params'
+
+
 def split_heads(x: jax.Array, num_heads: int) -> jax.Array:
     """[..., H * D] -> [..., H, D]."""
     return x.reshape(*x.shape[:-1], num_heads, x.shape[-1] // num_heads)
 
 
-def project_kv(
-    params: Params, x: jax.Array, *, num_heads: int, dtype=None
-) -> tuple[jax.Array, jax.Array]:
+def project_kv(params: Params, x: jax.Array, heads: Heads) -> tuple[jax.Array, jax.Array]:
     """Keys and values of an attention block: x [B, S, E] -> ([B, S, H, D], [B, S, H, D])."""
-    key = split_heads(dense(params["key"], x, dtype=dtype), num_heads)
-    value = split_heads(dense(params["value"], x, dtype=dtype), num_heads)
+    key = split_heads(dense(params["key"], x, dtype=heads.dtype), heads.num)
+    value = split_heads(dense(params["value"], x, dtype=heads.dtype), heads.num)
     return key, value
 
 
@@ -267,31 +275,43 @@ def dot_product_attention(
     return jnp.einsum(f"bhqs,{kv}->bqhd", weights, value)
 
 
-def output_projection(params: Params, attended: jax.Array, *, dtype=None) -> jax.Array:
-    """Merge heads and project: [B, Q, H, D] -> [B, Q, E]."""
-    merged = attended.reshape(*attended.shape[:-2], -1)
-    return dense(params["out"], merged, dtype=dtype)
+def attention_over(
+    params: Params,
+    x: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    bias: jax.Array | None,
+    heads: Heads,
+    *,
+    kv_heads_major: bool = True,
+) -> jax.Array:
+    """An attention block's queries from x [B, Q, E] over given keys and values
+    ([B, H, S, D], a cache's layout; [B, S, H, D] unless ``kv_heads_major``), merged and
+    projected out -> [B, Q, E]. T5's cross-attention over its encoder's keys and values,
+    and the last half of the two self-attentions below."""
+    query = split_heads(dense(params["query"], x, dtype=heads.dtype), heads.num)
+    attended = dot_product_attention(
+        query,
+        key.astype(query.dtype),
+        value.astype(query.dtype),
+        bias,
+        query_scale=heads.query_scale,
+        kv_heads_major=kv_heads_major,
+    )
+    merged = attended.reshape(*attended.shape[:-2], -1)  # [B, Q, H·D]
+    return dense(params["out"], merged, dtype=heads.dtype)
 
 
 def multi_head_attention(
-    params: Params,
-    inputs_q: jax.Array,
-    inputs_kv: jax.Array,
-    bias: jax.Array | None,
-    *,
-    num_heads: int,
-    query_scale: float = 1.0,
-    dtype=None,
+    params: Params, inputs_q: jax.Array, inputs_kv: jax.Array, bias: jax.Array | None, heads: Heads
 ) -> jax.Array:
     """Uncached attention (T5X ``MultiHeadDotProductAttention``).
 
     inputs_q: [B, Q, E]; inputs_kv: [B, S, E]; bias: additive, broadcastable to
     [B, H, Q, S] (masks via ``mask_to_bias`` plus any position bias) -> [B, Q, E].
     """
-    query = split_heads(dense(params["query"], inputs_q, dtype=dtype), num_heads)
-    key, value = project_kv(params, inputs_kv, num_heads=num_heads, dtype=dtype)
-    attended = dot_product_attention(query, key, value, bias, query_scale=query_scale)
-    return output_projection(params, attended, dtype=dtype)
+    key, value = project_kv(params, inputs_kv, heads)
+    return attention_over(params, inputs_q, key, value, bias, heads, kv_heads_major=False)
 
 
 def write_cache(buffer: jax.Array, new: jax.Array, lengths: jax.Array) -> jax.Array:
@@ -315,10 +335,7 @@ def cached_self_attention(
     value_cache: jax.Array,
     lengths: jax.Array,
     bias: jax.Array | None,
-    *,
-    num_heads: int,
-    query_scale: float = 1.0,
-    dtype=None,
+    heads: Heads,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Self-attention of K new tokens per row over a fixed-size KV cache.
 
@@ -329,38 +346,10 @@ def cached_self_attention(
     (as ``mask_to_bias``) plus any relative position bias.
     Returns (out [B, K, E], key_cache, value_cache) with the K new slots written.
     """
-    query = split_heads(dense(params["query"], x, dtype=dtype), num_heads)  # [B, K, H, D]
-    key, value = project_kv(params, x, num_heads=num_heads, dtype=dtype)
+    key, value = project_kv(params, x, heads)  # [B, K, H, D]
     key_cache = write_cache(key_cache, key, lengths)
     value_cache = write_cache(value_cache, value, lengths)
-    attended = dot_product_attention(
-        query,
-        key_cache.astype(query.dtype),
-        value_cache.astype(query.dtype),
-        bias,
-        query_scale=query_scale,
-        kv_heads_major=True,
-    )
-    return output_projection(params, attended, dtype=dtype), key_cache, value_cache
-
-
-def cross_attention(
-    params: Params,
-    x: jax.Array,
-    key: jax.Array,
-    value: jax.Array,
-    bias: jax.Array | None,
-    *,
-    num_heads: int,
-    dtype=None,
-) -> jax.Array:
-    """Attention of x [B, Q, E] over precomputed key/value [B, H, S, D] (heads-major)
-    -> [B, Q, E]."""
-    query = split_heads(dense(params["query"], x, dtype=dtype), num_heads)
-    attended = dot_product_attention(
-        query, key.astype(query.dtype), value.astype(query.dtype), bias, kv_heads_major=True
-    )
-    return output_projection(params, attended, dtype=dtype)
+    return attention_over(params, x, key_cache, value_cache, bias, heads), key_cache, value_cache
 
 
 # ------------------------------------------------------------------------ init helpers

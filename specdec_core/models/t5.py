@@ -171,6 +171,11 @@ _NO_DROPOUT = _Dropout(0.0, None)
 # --------------------------------------------------------------------------- encoder
 
 
+def _heads(config: T5Config) -> layers.Heads:
+    """T5X's attention: no 1/sqrt(D) on the logits, projections in the params' dtype."""
+    return layers.Heads(config.num_heads)
+
+
 def _position_bias(stack: Params, query_positions, key_positions, *, bidirectional: bool):
     """One stack's (encoder's or decoder's) shared relative-position bias, [H, Q, K] (or
     [B, H, Q, K] for per-row query positions)."""
@@ -204,9 +209,7 @@ def encode(
     for i in range(config.num_encoder_layers):
         layer = enc[f"layers_{i}"]
         h = layers.rms_norm(layer["pre_attention_layer_norm"], x)
-        x = x + drop(
-            layers.multi_head_attention(layer["attention"], h, h, bias, num_heads=config.num_heads)
-        )
+        x = x + drop(layers.multi_head_attention(layer["attention"], h, h, bias, _heads(config)))
         h = layers.rms_norm(layer["pre_mlp_layer_norm"], x)
         x = x + drop(layers.mlp(layer["mlp"], h, activations=config.mlp_activations))
     return drop(layers.rms_norm(enc["encoder_norm"], x))
@@ -227,13 +230,13 @@ def _cross_and_mlp(
     """The part of a decoder layer after self-attention: x [B, T, E] -> [B, T, E]."""
     h = layers.rms_norm(layer["pre_cross_attention_layer_norm"], x)
     x = x + drop(
-        layers.cross_attention(
+        layers.attention_over(
             layer["encoder_decoder_attention"],
             h,
             cross_key,
             cross_value,
             cross_bias,
-            num_heads=config.num_heads,
+            _heads(config),
         )
     )
     h = layers.rms_norm(layer["pre_mlp_layer_norm"], x)
@@ -256,9 +259,7 @@ def _cross_kv(config: T5Config, params: Params, encoded: jax.Array):
     layout the attention's dot reads: a decode step then never rewrites them)."""
     dec = params["decoder"]
     pairs = [
-        layers.project_kv(
-            dec[f"layers_{i}"]["encoder_decoder_attention"], encoded, num_heads=config.num_heads
-        )
+        layers.project_kv(dec[f"layers_{i}"]["encoder_decoder_attention"], encoded, _heads(config))
         for i in range(config.num_decoder_layers)
     ]
     return tuple(k.swapaxes(1, 2) for k, _ in pairs), tuple(v.swapaxes(1, 2) for _, v in pairs)
@@ -301,9 +302,7 @@ def score(
         layer = dec[f"layers_{i}"]
         h = layers.rms_norm(layer["pre_self_attention_layer_norm"], x)
         x = x + drop(
-            layers.multi_head_attention(
-                layer["self_attention"], h, h, self_bias, num_heads=config.num_heads
-            )
+            layers.multi_head_attention(layer["self_attention"], h, h, self_bias, _heads(config))
         )
         x = _cross_and_mlp(config, layer, x, cross_keys[i], cross_values[i], cross_bias, drop)
     return _logits(config, params, x, drop)
@@ -374,7 +373,7 @@ def forward(
             cache.self_values[i],
             cache.lengths,
             self_bias,
-            num_heads=config.num_heads,
+            _heads(config),
         )
         new_keys.append(keys)
         new_values.append(values)
