@@ -182,12 +182,44 @@ def test_policy_stops_exploring_a_draft_that_cannot_pay_before_its_test_quota():
     assert 1 in choices
 
 
+def test_the_targets_cost_growth_follows_the_tokens_a_call_scores():
+    prior = GammaPrior(target_slope=0.26)
+    assert prior.slope_at(1) == pytest.approx(0.26)
+    # 16 rows: a call on k = 2 scores 32 tokens against 16, 1 + 0.26·31 over 1 + 0.26·15
+    assert 1 + prior.slope_at(16) == pytest.approx((1 + 0.26 * 31) / (1 + 0.26 * 15))
+    slopes = [prior.slope_at(rows) for rows in (1, 2, 4, 8, 16, 64)]
+    assert slopes == sorted(slopes) and slopes[-1] < 1.0
+    assert GammaPrior(target_slope=0.0).slope_at(16) == 0.0
+    with pytest.raises(ValueError, match="rows must be >= 1"):
+        prior.slope_at(0)
+
+
+@pytest.mark.parametrize("draft_c", [0.0, 0.29])
+def test_policy_does_not_explore_where_the_batch_makes_verification_dear(draft_c):
+    """At batch 16 a block costs nearly its length in target steps: even a perfect draft
+    at γ = 1 gains under the margin, so no batch is spent finding out; at batch 1 the
+    same prior explores (and would find out)."""
+    prior = GammaPrior(alpha=0.39, draft_c=draft_c, target_slope=0.26)
+    for rows, explores in ((16, False), (1, True)):
+        policy = AdaptiveGamma(4, prior=prior, explore_every=2, explore_tests=64)
+        choices = []
+        for _ in range(6):
+            choices.append(policy.choose(rows=rows))
+            _observe(policy, choices[-1], per_position=[0.4] * choices[-1], iterations=4,
+                     seconds_per_step=1.0 + 0.9 * choices[-1])  # fmt: skip
+        assert (max(choices) > 0) == explores, (rows, choices)
+    fresh = AdaptiveGamma(4, prior=prior)
+    assert fresh.costs(rows=16)[1] > fresh.costs(rows=1)[1] > fresh.costs(rows=16)[0]
+
+
 def test_a_drafts_config_gives_auto_gamma_its_prior(tmp_path):
     from pipelines import configs, model_resolver
     from workers.engine import EngineConfig, build_engine
 
     draft = model_resolver.resolve_model("ende_draft_debian_kd", role="draft").spec
-    assert draft.gamma_prior == GammaPrior(alpha=0.33, draft_c=0.25)
+    assert draft.gamma_prior == GammaPrior(
+        alpha=0.33, draft_c=0.02, target_slope=0.26, overhead=0.23
+    )
     # With that prior the first batch is the target alone (the default prior drafts).
     assert AdaptiveGamma(4, prior=draft.gamma_prior).choose() == 0
     assert AdaptiveGamma(4).choose() >= 1
@@ -277,7 +309,7 @@ class Scripted(AdaptiveGamma):
         super().__init__(gamma_max)
         self.script = list(script)
 
-    def choose(self) -> int:
+    def choose(self, rows: int = 1) -> int:
         return self.script.pop(0)
 
 

@@ -15,13 +15,22 @@ choice depends only on earlier batches, never on the draws of the batch it is us
 for, so each record's output keeps the target's distribution.
 
 Start: a prior (α, the draft's cost ratio c, the target's cost growth per verified
-token), which the draft's model config gives (``gamma_prior:``, measured with its
+token at batch 1), which the draft's model config gives (``gamma_prior:``, measured with its
 target) or, without one, :class:`GammaPrior`'s defaults; until a position has
 been tested, its β reads as the prior's α. While γ = 0 is the choice and position 1
 has fewer than ``explore_tests`` tests, one batch in ``explore_every`` runs at γ = 1
 so that a pessimistic prior can be corrected, as long as γ = 1 may still pay (position
 1's acceptance at its upper confidence bound over the costs measured so far); later,
 γ = 0 is final.
+
+The target's cost growth depends on the batch: a call scores rows·k tokens, so at
+batch 16 one more verified token per row adds 16 tokens of work to the call. The prior's
+``target_slope`` is the growth per token at batch 1 (s); a call on n tokens is taken to
+cost 1 + s·(n − 1) calls on one, so at B rows the growth per verified token is
+B·s / (1 + (B − 1)·s) of the γ = 0 step (:meth:`GammaPrior.slope_at`). With s = 0.26,
+T(2)/T(1) is 1.26 at batch 1 and 1.85 at batch 16, where a call is compute-bound and
+a block of draft tokens costs nearly its length in target steps. Measured step times
+replace the model once the job has them.
 """
 
 from __future__ import annotations
@@ -41,6 +50,9 @@ from workers.batching import PackedBatch
 
 DEFAULT_GAMMA_MAX = 4
 EXPLORE_Z = 1.0  # standard errors above position 1's rate for "γ = 1 may still pay"
+# "may still pay" means by more than this: a batch spent exploring costs its whole
+# shortfall, which a gain this small at an optimistic rate would not earn back
+EXPLORE_MARGIN = 0.05
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -50,7 +62,7 @@ class GammaPrior:
     alpha: float = 0.5  # acceptance at every position
     strength: float = 20.0  # pseudo-tests behind the prior α (and behind each position's pooling)
     draft_c: float = 0.15  # draft step / target step
-    target_slope: float = 0.15  # extra target-call time per extra verified token / target step
+    target_slope: float = 0.15  # at batch 1: extra target-call time per extra token / target step
     overhead: float = 0.1  # loop work per iteration / target step
 
     def __post_init__(self):
@@ -61,6 +73,14 @@ class GammaPrior:
         for key in ("draft_c", "target_slope", "overhead"):
             if getattr(self, key) < 0:
                 raise ValueError(f"gamma_prior.{key} must be >= 0, got {getattr(self, key)}")
+
+    def slope_at(self, rows: int) -> float:
+        """The target's extra time per extra verified token, over its γ = 0 step, for a
+        call on ``rows`` rows (``target_slope`` at 1 row; see the module's docstring)."""
+        if rows < 1:
+            raise ValueError(f"rows must be >= 1, got {rows}")
+        s = self.target_slope
+        return rows * s / (1.0 + (rows - 1) * s)
 
 
 class AdaptiveGamma:
@@ -107,13 +127,14 @@ class AdaptiveGamma:
             positions=self.gamma_max,
         )
 
-    def costs(self) -> dict[int, float]:
-        """Estimated seconds per loop step for γ = 0..γ_max (relative units before any
-        measurement: a target step = 1)."""
+    def costs(self, rows: int = 1) -> dict[int, float]:
+        """Estimated seconds per loop step for γ = 0..γ_max on a batch of ``rows`` rows
+        (relative units before any measurement: a target step = 1)."""
         with self._lock:
-            return self._costs()
+            return self._costs(rows)
 
-    def _costs(self) -> dict[int, float]:
+    def _costs(self, rows: int) -> dict[int, float]:
+        slope = self.prior.slope_at(rows)
         measured = {g: s / n for g, (s, n) in self._time.items() if n > 0}
         target_step = measured.get(0)
         if target_step is None and measured:  # infer a target step from the nearest γ
@@ -122,7 +143,7 @@ class AdaptiveGamma:
                 g,
                 target_step_s=1.0,
                 draft_c=self._c(),
-                target_slope=self.prior.target_slope,
+                target_slope=slope,
                 overhead_s=self.prior.overhead,
             )
             target_step = measured[g] / model[g]
@@ -131,7 +152,7 @@ class AdaptiveGamma:
             self.gamma_max,
             target_step_s=target_step,
             draft_c=self._c(),
-            target_slope=self.prior.target_slope,
+            target_slope=slope,
             overhead_s=self.prior.overhead * target_step,
             measured_s=measured,
         )
@@ -139,18 +160,19 @@ class AdaptiveGamma:
     def _c(self) -> float:
         return float(np.median(self._draft_c)) if self._draft_c else self.prior.draft_c
 
-    def improvements(self) -> dict[int, float]:
+    def improvements(self, rows: int = 1) -> dict[int, float]:
         with self._lock:
-            return theory.gamma_improvements(self._betas(), self._costs())
+            return theory.gamma_improvements(self._betas(), self._costs(rows))
 
     # ---------------------------------------------------------------- the policy
 
-    def choose(self) -> int:
-        """γ for the next batch (recorded in :attr:`history` by :meth:`observe`)."""
+    def choose(self, rows: int = 1) -> int:
+        """γ for the next batch, of ``rows`` rows (padding included: they are computed);
+        recorded in :attr:`history` by :meth:`observe`."""
         with self._lock:
             if self.gamma_max == 0:
                 return 0
-            costs = self._costs()
+            costs = self._costs(rows)
             best = theory.choose_gamma(self._betas(), costs)
             if (
                 best == 0
@@ -162,16 +184,17 @@ class AdaptiveGamma:
             return best
 
     def _may_pay(self, costs: dict[int, float]) -> bool:
-        """Whether γ = 1 could still beat the target alone: position 1's acceptance at
-        its upper confidence bound (Wilson score, one standard error) over ``costs``,
-        the step costs as estimated now. Exploring a draft that cannot pay costs time."""
+        """Whether γ = 1 could still beat the target alone by :data:`EXPLORE_MARGIN`:
+        position 1's acceptance at its upper confidence bound (Wilson score, one standard
+        error; 1 before any test) over ``costs``, the step costs as estimated now for
+        this batch's rows. Exploring a draft that cannot pay costs time."""
         tests = self._tests[0]
-        if tests == 0:
-            return True
-        rate, z2 = self._passes[0] / tests, EXPLORE_Z**2
-        spread = EXPLORE_Z * math.sqrt(rate * (1 - rate) / tests + z2 / (4 * tests**2))
-        upper = (rate + z2 / (2 * tests) + spread) / (1 + z2 / tests)
-        return (1 + upper) * costs[0] / costs[1] > 1
+        upper = 1.0
+        if tests > 0:
+            rate, z2 = self._passes[0] / tests, EXPLORE_Z**2
+            spread = EXPLORE_Z * math.sqrt(rate * (1 - rate) / tests + z2 / (4 * tests**2))
+            upper = (rate + z2 / (2 * tests) + spread) / (1 + z2 / tests)
+        return (1 + upper) * costs[0] / costs[1] > 1 + EXPLORE_MARGIN
 
     def observe(
         self,
@@ -232,7 +255,7 @@ class AdaptiveGamma:
         its time is not used; with :attr:`warm_up` a γ new for a shape already decoded is
         run once untimed first (so a switch of γ does not put compilation into the
         job's timings)."""
-        gamma = self.choose()
+        gamma = self.choose(rows=batch.prompt_tokens.shape[0])
         run = baseline if gamma == 0 else (lambda: speculative(gamma))
         result, seconds, compiled = self._timed(batch, gamma, run, warm_up=self.warm_up)
         self.observe(
