@@ -108,7 +108,7 @@ def table(results: dict[str, list[dict]]) -> str:
             f"{min(speedups):.3f}–{max(speedups):.3f} | "
             + _median_cell(runs, "predicted_speedup")
             + _median_cell(runs, "efficiency")
-            + f"{statistics.median(r['alpha'] for r in runs):.3f} | "
+            + _median_cell(runs, "alpha")  # none where auto never left γ = 0
             + (f"{c:.3f} | " if (c := runs[-1].get("c_estimate")) is not None else "— | ")
             + (", ".join(f"γ={g}: {n}" for g, n in histogram.items()) or "—")
             + f" | {all(r['identical_to_baseline'] for r in runs)} | "
@@ -144,10 +144,10 @@ def main(argv=None) -> None:
                     file=sys.stderr,
                     flush=True,
                 )
-    print(table(results))
     if args.json:
         pathlib.Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         pathlib.Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+    print(table(results))
 
 
 if __name__ == "__main__":
