@@ -167,14 +167,16 @@ def start_run(
         yield run
 
 
-def _begin(experiment, *, run_name, params, tags, tracking_uri):
-    """Starts the active run (experiment created if absent, params and tags logged)."""
+def _begin(experiment, *, run_name, params, tags, tracking_uri, experiment_id=None):
+    """Starts the active run (experiment created if absent, params and tags logged);
+    ``experiment_id``: what :func:`ensure_experiment` already returned for it."""
     import mlflow
 
     tracking_uri = tracking_uri or default_tracking_uri()
     mlflow.set_tracking_uri(tracking_uri)
-    ensure_experiment(experiment, tracking_uri)
-    mlflow.set_experiment(experiment)
+    if experiment_id is None:
+        experiment_id = ensure_experiment(experiment, tracking_uri)
+    mlflow.set_experiment(experiment_id=experiment_id)
     all_tags = {"git_commit": git_commit(), **(tags or {})}
     run = mlflow.start_run(run_name=run_name, tags=all_tags)
     try:
@@ -239,9 +241,9 @@ class OptionalRun:
 
     def __enter__(self) -> OptionalRun:
         try:
-            if self.store is not None:  # the store and experiment, set up in the background
-                self.store.wait()
-            self.run_id = self._begin().info.run_id
+            # the store and experiment, set up in the background: their id
+            experiment_id = None if self.store is None else self.store.wait()
+            self.run_id = self._begin(experiment_id=experiment_id).info.run_id
         except Exception as error:
             self._fail(error)
         return self

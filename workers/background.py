@@ -10,7 +10,6 @@ job waits for it (:meth:`Background.wait`) only where it needs the result.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,8 +31,6 @@ class Background:
         name: str,
         hold: Callable[[Any], bool] = lambda result: False,
     ):
-        self.name, self.started = name, time.perf_counter()
-        self.seconds: float | None = None  # how long fn took
         self._fn, self._hold = fn, hold
         self._done = threading.Event()
         self._result: Any = None
@@ -45,7 +42,6 @@ class Background:
             self._result = self._fn()
         except BaseException as error:  # re-raised by wait(), in the waiting thread
             self._error = error
-        self.seconds = time.perf_counter() - self.started
         self._done.set()
         if self._error is None and self._hold(self._result):
             threading.Event().wait()
