@@ -49,11 +49,31 @@ def shared_testdata() -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
-def ray_local():
-    """One local Ray instance for the whole test session (ray.init takes seconds)."""
+def ray_local(tmp_path_factory):
+    """One local Ray instance for the whole test session (ray.init takes seconds).
+
+    Its actors keep their compiled programs in a compilation cache of the session's
+    own: a restarted actor, and every later actor with the same shapes (weights are
+    inputs of the programs), loads them instead of compiling. The cache reaches the
+    actors through the environment that Ray's daemons start with; this process keeps
+    its own cache off (see the top of this file)."""
     ray = pytest.importorskip("ray")
     from workers.spec import ensure_ray
 
-    ensure_ray(num_cpus=4)
+    cache = {
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("actor_jax_cache")),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
+    saved = {name: os.environ.get(name) for name in cache}
+    os.environ.update(cache)
+    try:
+        ensure_ray(num_cpus=4)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name)
+            else:
+                os.environ[name] = value
     yield ray
     ray.shutdown()
