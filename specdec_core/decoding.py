@@ -457,14 +457,11 @@ def _compiled_loop(target: Forward, draft: Forward, *, gamma, config, eos_id):
         return state, target_cache, draft_cache
 
     def run(state, target_cache, draft_cache):
-        carry = jax.lax.cond(
-            jnp.all(state.done),
-            lambda *c: c,
-            functools.partial(iteration, propose_first),
-            state,
-            target_cache,
-            draft_cache,
-        )
+        # The first iteration's draft starts from its just-prefilled cache. It runs
+        # unguarded: on rows already done, commit keeps the state as it is (it writes
+        # only stale cache slots), and a lax.cond around it made XLA copy every cache
+        # in and out of its branches once per batch.
+        carry = iteration(propose_first, state, target_cache, draft_cache)
         return jax.lax.while_loop(
             lambda c: ~jnp.all(c[0].done), lambda c: iteration(propose, *c), carry
         )
