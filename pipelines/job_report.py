@@ -275,6 +275,12 @@ def _numeric_metrics(summary: dict[str, Any], traffic: dict | None) -> dict[str,
         metrics[f"acceptance_at_position_{i}"] = rate
     for phase, seconds in (summary.get("time_breakdown") or {}).items():
         metrics[f"time_{phase}_s"] = float(seconds)
+    costs = summary.get("step_costs_ms") or {}
+    for k, ms in (costs.get("target") or {}).items():  # what a later job's prior reads back
+        metrics[f"step_cost_target_{k}_ms"] = float(ms)
+    for name in ("draft_step", "loop_per_step"):
+        if costs.get(name) is not None:
+            metrics[f"step_cost_{name}_ms"] = float(costs[name])
     histogram = summary.get("gamma_histogram") or {}
     for gamma, batches in histogram.items():
         metrics[f"gamma_batches_{gamma}"] = float(batches)

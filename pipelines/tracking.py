@@ -237,13 +237,15 @@ class OptionalRun:
         self.tracking_uri, self.hint = tracking_uri, hint
         self.store = store  # a workers.background.Background of ensure_experiment, or None
         self.run_id: str | None = None
+        self.experiment_id: str | None = None
         self.error: str | None = None
 
     def __enter__(self) -> OptionalRun:
         try:
             # the store and experiment, set up in the background: their id
             experiment_id = None if self.store is None else self.store.wait()
-            self.run_id = self._begin(experiment_id=experiment_id).info.run_id
+            info = self._begin(experiment_id=experiment_id).info
+            self.run_id, self.experiment_id = info.run_id, info.experiment_id
         except Exception as error:
             self._fail(error)
         return self

@@ -41,7 +41,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from pipelines import job_report, part_files, record_io, text
+from pipelines import job_report, part_files, previous_run, record_io, text
 from pipelines.model_resolver import (
     DEFAULT_DRAFT,
     DEFAULT_GAMMA,
@@ -53,6 +53,7 @@ from pipelines.model_resolver import (
 from workers.background import Background
 from workers.batching import DecodeSettings, Request
 from workers.engine import EngineConfig, check_models, measure_step_costs
+from workers.gamma import GammaPrior
 
 if TYPE_CHECKING:
     from pipelines.inference import EngineMetrics
@@ -184,6 +185,7 @@ def run_job(job: JobConfig) -> dict[str, Any]:
         hint=f"; log it later with: specdec log-run --summary-json {summary_path}",
         store=store,
     ) as run:
+        job, prior_from = _with_previous_prior(job, run)
         phases["mlflow"] = time.perf_counter() - started
         job_id = run.run_id or uuid.uuid4().hex
         pipeline_start = time.perf_counter()
@@ -228,6 +230,13 @@ def run_job(job: JobConfig) -> dict[str, Any]:
                 else None
             ),
             "time_breakdown": phases,
+            # --gamma auto's prior: the draft config's, updated by an earlier run's figures
+            "gamma_prior": (
+                dataclasses.asdict(job.draft.spec.gamma_prior or GammaPrior())
+                if job.engine.adaptive
+                else None
+            ),
+            "gamma_prior_run_id": prior_from,
             "output": job.output,
             "dead_letter": job.dead_letter,
             "mlflow_run_id": run.run_id,
@@ -245,6 +254,28 @@ def run_job(job: JobConfig) -> dict[str, Any]:
     if job.summary_json or run.error is not None:
         part_files.write_atomic(summary_path, json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _with_previous_prior(job: JobConfig, run) -> tuple[JobConfig, str | None]:
+    """``--gamma auto``: the job with its draft's prior updated from the newest finished
+    run of the same job in MLflow (:mod:`pipelines.previous_run`), and that run's id;
+    the job as it is (and None) without one, or when MLflow is unavailable."""
+    from pipelines import tracking
+
+    if not job.engine.adaptive or run.run_id is None:
+        return job, None
+    found = run.call(
+        previous_run.gamma_prior,
+        job.draft.spec.gamma_prior,
+        experiment_id=run.experiment_id,
+        tracking_uri=run.tracking_uri,
+        params=tracking.flatten_params(job_report.job_params(job)),
+        rows=job.settings.batch_size,
+    )
+    if found is None or found[1] is None:
+        return job, None
+    spec = dataclasses.replace(job.draft.spec, gamma_prior=found[0])
+    return dataclasses.replace(job, draft=dataclasses.replace(job.draft, spec=spec)), found[1]
 
 
 def _start_ray(job: JobConfig) -> Background | None:

@@ -4,6 +4,7 @@ the output distribution while γ changes from batch to batch (a G-test as in
 tests/test_exactness.py, with its negative control)."""
 
 import dataclasses
+import pathlib
 
 import numpy as np
 import pytest
@@ -210,6 +211,72 @@ def test_policy_does_not_explore_where_the_batch_makes_verification_dear(draft_c
         assert (max(choices) > 0) == explores, (rows, choices)
     fresh = AdaptiveGamma(4, prior=prior)
     assert fresh.costs(rows=16)[1] > fresh.costs(rows=1)[1] > fresh.costs(rows=16)[0]
+
+
+def test_a_prior_takes_what_an_earlier_run_measured():
+    base = GammaPrior(alpha=0.39, draft_c=0.29, target_slope=0.15)
+    # at 16 rows the target's k = 2 call cost 1.85 steps: s at batch 1 is 0.26
+    at_16 = base.measured(
+        alpha=0.6,
+        step_costs_ms={"target": {"1": 10.0, "2": 18.5}, "draft_step": 0.3, "loop_per_step": 2.0},
+        rows=16,
+    )
+    assert at_16.alpha == 0.6 and at_16.strength == base.strength
+    assert at_16.draft_c == pytest.approx(0.03) and at_16.overhead == pytest.approx(0.2)
+    assert at_16.target_slope == pytest.approx(0.26, abs=0.005)
+    assert 1 + at_16.slope_at(16) == pytest.approx(1.85)
+    # measured at batch 1, the growth per token is the slope itself (median over k)
+    at_1 = base.measured(step_costs_ms={"target": {"1": 8.0, "2": 10.0, "4": 14.0}}, rows=1)
+    assert at_1.target_slope == pytest.approx(0.25) and at_1.alpha == base.alpha
+    assert at_1.draft_c == base.draft_c  # not measured: stays
+    # a growth no batch-1 slope explains reads as the largest; nothing measured: unchanged
+    assert base.measured(step_costs_ms={"target": {"1": 1.0, "2": 3.0}}, rows=2).target_slope == 10
+    assert base.measured() == base
+
+
+def test_the_newest_finished_run_of_the_same_job_gives_the_prior(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from pipelines import previous_run, tracking
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    experiment = tracking.ensure_experiment("translate", uri)
+    client = MlflowClient(tracking_uri=uri)
+    same = {"target_name": "t", "draft_name": "d", "batch_size": "16", "temperature": "0.0"}
+
+    starts = iter(range(1_000, 10_000, 1_000))  # ms: the runs' order, one per call
+
+    def logged(params, alpha, step_ms, status="FINISHED"):
+        run = client.create_run(experiment, start_time=next(starts))
+        for key, value in params.items():
+            client.log_param(run.info.run_id, key, value)
+        client.log_metric(run.info.run_id, "alpha", alpha)
+        client.log_metric(run.info.run_id, "step_cost_target_1_ms", step_ms)
+        client.log_metric(run.info.run_id, "step_cost_target_2_ms", 1.85 * step_ms)
+        client.log_metric(run.info.run_id, "step_cost_draft_step_ms", 0.1 * step_ms)
+        client.set_terminated(run.info.run_id, status)
+        return run.info.run_id
+
+    logged(same, 0.3, 10.0)
+    newest = logged(same, 0.5, 20.0)
+    logged(same | {"batch_size": "1"}, 0.9, 5.0)  # another job
+    logged(same, 0.9, 5.0, status="FAILED")  # did not finish
+    base = GammaPrior(alpha=0.39, target_slope=0.15)
+    prior, run_id = previous_run.gamma_prior(
+        base, experiment_id=experiment, tracking_uri=uri, params=same | {"seed": "1"}, rows=16
+    )
+    assert run_id == newest
+    assert prior.alpha == 0.5 and prior.draft_c == pytest.approx(0.1)
+    assert prior.target_slope == pytest.approx(0.26, abs=0.005)
+    assert prior.overhead == base.overhead  # that run logged no loop cost
+    none = previous_run.gamma_prior(
+        base,
+        experiment_id=experiment,
+        tracking_uri=uri,
+        params=same | {"draft_name": "other"},
+        rows=16,
+    )
+    assert none == (base, None)
 
 
 def test_a_drafts_config_gives_auto_gamma_its_prior(tmp_path):
@@ -446,3 +513,33 @@ def test_job_with_auto_gamma_reports_its_choices_and_time(run_job):  # noqa: F81
     # the cost model's prediction covers the γ = 0 batches (a target-alone token each)
     assert summary["predicted_speedup"] > 0
     assert summary["efficiency"] == pytest.approx(summary["speedup"] / summary["predicted_speedup"])
+
+
+def test_a_second_job_starts_from_the_first_ones_figures(workdir, models, tracking_uri):  # noqa: F811
+    """--gamma auto's prior comes from the newest finished run of the same job: the
+    second of two identical jobs reads the first's step costs from MLflow."""
+    from pipelines.cli import main
+    from tests.test_translate_job import JobRun, job_args
+
+    jobs = []
+    for name in ("prior_first", "prior_second"):
+        output = workdir / f"{name}.jsonl"
+        args = job_args(
+            workdir / "sentences.tsv",
+            output,
+            models=models,
+            workers="inprocess",
+            temperature=0.0,
+            tracking_uri=tracking_uri,
+        )
+        extra = ["--compare-baseline", "--gamma", "auto", "--gamma-max", "3", "--batch-size", "3"]
+        jobs.append(JobRun(main([*args, *extra]), output, pathlib.Path(f"{output}.summary.json")))
+    first, second = (job.summary for job in jobs)
+    assert [job.code for job in jobs] == [0, 0]
+    assert first["gamma_prior_run_id"] is None  # no earlier run of this job (batch 3)
+    assert second["gamma_prior_run_id"] == first["mlflow_run_id"]
+    costs = first["step_costs_ms"]
+    step = costs["target"]["1"]
+    assert second["gamma_prior"]["draft_c"] == pytest.approx(costs["draft_step"] / step)
+    assert second["gamma_prior"]["overhead"] == pytest.approx(costs["loop_per_step"] / step)
+    assert second["identical_to_baseline"] is True

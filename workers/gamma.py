@@ -40,7 +40,8 @@ import dataclasses
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -53,6 +54,7 @@ EXPLORE_Z = 1.0  # standard errors above position 1's rate for "γ = 1 may still
 # "may still pay" means by more than this: a batch spent exploring costs its whole
 # shortfall, which a gain this small at an optimistic rate would not earn back
 EXPLORE_MARGIN = 0.05
+MAX_SLOPE = 10.0  # a batch-1 growth per token beyond this reads as "verification never pays"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -73,6 +75,39 @@ class GammaPrior:
         for key in ("draft_c", "target_slope", "overhead"):
             if getattr(self, key) < 0:
                 raise ValueError(f"gamma_prior.{key} must be >= 0, got {getattr(self, key)}")
+
+    def measured(
+        self,
+        *,
+        alpha: float | None = None,
+        step_costs_ms: Mapping[str, Any] | None = None,
+        rows: int = 1,
+    ) -> GammaPrior:
+        """This prior with what an earlier run measured: its α, and from its timed
+        calls (``step_costs_ms`` as a job's summary gives them, at ``rows`` rows) the
+        draft's c, the loop's overhead and, where a call on more than one token was
+        timed, the target's growth per token at batch 1 (:meth:`slope_at` inverted).
+        What it did not measure stays."""
+        changes: dict[str, float] = {}
+        if alpha is not None and math.isfinite(alpha):
+            changes["alpha"] = min(max(float(alpha), 0.0), 1.0)
+        costs = step_costs_ms or {}
+        target = {int(k): float(v) for k, v in (costs.get("target") or {}).items()}
+        step = target.get(1)
+        if step is not None and step > 0:
+            if costs.get("draft_step") is not None:
+                changes["draft_c"] = max(float(costs["draft_step"]), 0.0) / step
+            if costs.get("loop_per_step") is not None:
+                changes["overhead"] = max(float(costs["loop_per_step"]), 0.0) / step
+            growth = [(t / step - 1.0) / (k - 1) for k, t in target.items() if k > 1]
+            if growth:
+                at_rows = max(float(np.median(growth)), 0.0)
+                # slope_at(rows) = rows·s / (1 + (rows − 1)·s), solved for s
+                denominator = rows - (rows - 1) * at_rows
+                changes["target_slope"] = (
+                    MAX_SLOPE if denominator <= 0 else min(at_rows / denominator, MAX_SLOPE)
+                )
+        return dataclasses.replace(self, **changes)
 
     def slope_at(self, rows: int) -> float:
         """The target's extra time per extra verified token, over its γ = 0 step, for a

@@ -1,0 +1,88 @@
+"""``--gamma auto``'s prior from the newest finished run of the same job in MLflow.
+
+A job with ``--compare-baseline`` logs its α and its timed model calls
+(``step_cost_*_ms`` metrics: the target on 1 and γ+1 tokens, a draft step, the loop's
+own work per step). The next run of the same job — same kind, models and checkpoints,
+batch size, temperature and engine — starts its γ policy from those figures instead of
+the draft config's ``gamma_prior:`` (which holds figures measured once, on one
+machine, at batch 1). What the earlier run did not measure (α when it never left
+γ = 0, the growth per token when it timed only k = 1) stays as the config gives it.
+The job's own measurements then take over as they come (``workers/gamma.py``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from workers.gamma import GammaPrior
+
+# The params whose values make two runs the same job for the prior (besides the
+# experiment, which is the job's kind).
+MATCHED_PARAMS = (
+    "target_name",
+    "target_checkpoint",
+    "draft_name",
+    "draft_checkpoint",
+    "batch_size",
+    "temperature",
+    "workers",
+)
+_TARGET_COST = re.compile(r"step_cost_target_(\d+)_ms")
+
+
+def newest_run(experiment_id: str, tracking_uri: str, params: Mapping[str, str]):
+    """The newest FINISHED run of the experiment whose params equal ``params``; None if
+    there is none (or a value cannot be put in MLflow's filter: it holds a quote)."""
+    from mlflow.tracking import MlflowClient
+
+    if any("'" in value or "'" in key for key, value in params.items()):
+        return None
+    clauses = [f"params.`{key}` = '{value}'" for key, value in params.items()]
+    runs = MlflowClient(tracking_uri=tracking_uri).search_runs(
+        [experiment_id],
+        filter_string=" and ".join([*clauses, "attributes.status = 'FINISHED'"]),
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    return runs[0] if runs else None
+
+
+def step_costs_ms(metrics: Mapping[str, float]) -> dict[str, Any]:
+    """A run's ``step_cost_*_ms`` metrics back in the summary's ``step_costs_ms`` form."""
+    target = {
+        match.group(1): value
+        for name, value in metrics.items()
+        if (match := _TARGET_COST.fullmatch(name))
+    }
+    return {
+        "target": target,
+        "draft_step": metrics.get("step_cost_draft_step_ms"),
+        "loop_per_step": metrics.get("step_cost_loop_per_step_ms"),
+    }
+
+
+def gamma_prior(
+    base: GammaPrior | None,
+    *,
+    experiment_id: str,
+    tracking_uri: str,
+    params: Mapping[str, str],
+    rows: int,
+) -> tuple[GammaPrior | None, str | None]:
+    """(prior, the run id it came from): ``base`` (the draft config's prior, or the
+    defaults) updated with the newest matching run's α and step costs; (``base``,
+    None) when no finished run of the same job measured them."""
+    wanted = {key: str(params[key]) for key in MATCHED_PARAMS if key in params}
+    run = newest_run(experiment_id, tracking_uri, wanted)
+    if run is None:
+        return base, None
+    metrics = run.data.metrics
+    costs = step_costs_ms(metrics)
+    if metrics.get("alpha") is None and not costs["target"]:
+        return base, None
+    prior = (base or GammaPrior()).measured(
+        alpha=metrics.get("alpha"), step_costs_ms=costs, rows=rows
+    )
+    return prior, run.info.run_id
