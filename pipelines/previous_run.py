@@ -7,7 +7,8 @@ batch size, temperature and engine — starts its γ policy from those figures i
 the draft config's ``gamma_prior:`` (which holds figures measured once, on one
 machine, at batch 1). What the earlier run did not measure (α when it never left
 γ = 0, the growth per token when it timed only k = 1) stays as the config gives it.
-The job's own measurements then take over as they come (``workers/gamma.py``).
+The job's own measurements then take over as they come (``workers/gamma.py``). γ is
+not matched: a run at a fixed γ measures the same pair's α and costs.
 """
 
 from __future__ import annotations
