@@ -30,21 +30,15 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 SAMPLE = "assets/samples/en_de_debian_sample.tsv"
 
 
-def worker(batch_sizes: list[int], records: int, repeats: int) -> dict:
-    """In the checkout on ``sys.path``: {batch: {"tokens_per_s", "digest"}}."""
-    import numpy as np
+def sample_requests(vocab_path: str, records: int) -> list:
+    """The first ``records`` sentences of the shipped Debian sample as translation
+    requests (``workers.batching.Request``), tokenised as the job does."""
+    from pipelines import text
+    from workers.batching import Request
 
-    from pipelines import model_resolver, text
-    from specdec_core import decoding, sampling
-    from specdec_core.models import bound
-    from workers.batching import DecodeSettings, Request, pack
-
-    resolved = model_resolver.resolve_model("ende_target_debian", role="--target")
-    spec = resolved.spec
-    model = bound.load_model(spec.name, spec.family, spec.config, checkpoint=spec.checkpoint)
-    processor = text.sentencepiece(resolved.vocab_path)
+    processor = text.sentencepiece(vocab_path)
     lines = (REPO / SAMPLE).read_text().splitlines()[:records]
-    requests = [
+    return [
         Request(
             id=str(i),
             prompt_tokens=(text.DECODER_START_ID,),
@@ -54,6 +48,21 @@ def worker(batch_sizes: list[int], records: int, repeats: int) -> dict:
         )
         for i, line in enumerate(lines)
     ]
+
+
+def worker(batch_sizes: list[int], records: int, repeats: int) -> dict:
+    """In the checkout on ``sys.path``: {batch: {"tokens_per_s", "digest"}}."""
+    import numpy as np
+
+    from pipelines import model_resolver, text
+    from specdec_core import decoding, sampling
+    from specdec_core.models import bound
+    from workers.batching import DecodeSettings, pack
+
+    resolved = model_resolver.resolve_model("ende_target_debian", role="--target")
+    spec = resolved.spec
+    model = bound.load_model(spec.name, spec.family, spec.config, checkpoint=spec.checkpoint)
+    requests = sample_requests(resolved.vocab_path, records)
     results = {}
     for batch in batch_sizes:
         settings = DecodeSettings(gamma=1, max_new_tokens=64, batch_size=batch)

@@ -30,7 +30,8 @@ import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-SAMPLE = "assets/samples/en_de_debian_sample.tsv"
+
+from bench_target_loop import sample_requests  # noqa: E402  (this folder)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipelines import model_resolver, text
     from specdec_core import costs, decoding, sampling
     from specdec_core.models import bound
-    from workers.batching import DecodeSettings, Request, pack
+    from workers.batching import DecodeSettings, pack
 
     def load(name, role):
         resolved = model_resolver.resolve_model(name, role=role)
@@ -54,18 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     target, vocab = load("ende_target_debian", "--target")
     draft, _ = load(args.draft, "--draft")
-    processor = text.sentencepiece(vocab)
-    lines = (REPO / SAMPLE).read_text().splitlines()[: args.records]
-    requests = [
-        Request(
-            id=str(i),
-            prompt_tokens=(text.DECODER_START_ID,),
-            encoder_tokens=text.encode(
-                processor, text.TRANSLATE_PREFIX, line.split("\t")[0], text.EOS_ID
-            ),
-        )
-        for i, line in enumerate(lines)
-    ]
+    requests = sample_requests(vocab, args.records)
     settings = DecodeSettings(gamma=args.gamma, max_new_tokens=64, batch_size=args.batch)
     batches = [
         pack(requests[i : i + args.batch], settings) for i in range(0, len(requests), args.batch)

@@ -301,12 +301,13 @@ def _start_ray(job: JobConfig) -> Background | None:
 def _prediction(job: JobConfig, rows: list[dict], summary: dict[str, Any]) -> dict[str, Any]:
     """The cost model's predicted speedup for the run and measured / predicted
     (``job_report.prediction``), the model calls timed here on the run's median-length
-    record (batch and cache as the engine packs it; k = 1 and γ+1 for each γ the run
-    used). Where they cannot be measured (a draft with no model calls, a target on a
+    record (batch and cache as the engine packs it; k = 1, 2 and γ+1 for each γ the
+    run used). Where they cannot be measured (a draft with no model calls, a target on a
     mesh), the summary says why instead."""
     if job.target.spec.mesh is not None:
         return {"predicted_speedup": None, "prediction_error": "the target runs on a mesh"}
-    ks = sorted({1} | {g + 1 for g in map(job_report.row_gamma, rows) if g})
+    # k = 2 always: a later run's γ prior reads the first verified token's cost
+    ks = sorted({1, 2} | {g + 1 for g in map(job_report.row_gamma, rows) if g})
     median = sorted(rows, key=lambda row: len(row["source"]))[len(rows) // 2]
     eos_id = job.settings.eos_id if job.settings.eos_id is not None else text.EOS_ID
     encoded = text.encode(

@@ -225,8 +225,8 @@ def test_a_prior_takes_what_an_earlier_run_measured():
     assert at_16.draft_c == pytest.approx(0.03) and at_16.overhead == pytest.approx(0.2)
     assert at_16.target_slope == pytest.approx(0.26, abs=0.005)
     assert 1 + at_16.slope_at(16) == pytest.approx(1.85)
-    # measured at batch 1, the growth per token is the slope itself (median over k)
-    at_1 = base.measured(step_costs_ms={"target": {"1": 8.0, "2": 10.0, "4": 14.0}}, rows=1)
+    # at batch 1 the growth per token is the slope itself, from the fewest tokens timed
+    at_1 = base.measured(step_costs_ms={"target": {"1": 8.0, "4": 11.0, "2": 10.0}}, rows=1)
     assert at_1.target_slope == pytest.approx(0.25) and at_1.alpha == base.alpha
     assert at_1.draft_c == base.draft_c  # not measured: stays
     # a growth no batch-1 slope explains reads as the largest; nothing measured: unchanged
@@ -542,4 +542,6 @@ def test_a_second_job_starts_from_the_first_ones_figures(workdir, models, tracki
     step = costs["target"]["1"]
     assert second["gamma_prior"]["draft_c"] == pytest.approx(costs["draft_step"] / step)
     assert second["gamma_prior"]["overhead"] == pytest.approx(costs["loop_per_step"] / step)
+    growth = costs["target"]["2"] / step - 1.0  # at the job's 3 rows; k = 2 is always timed
+    assert GammaPrior(**second["gamma_prior"]).slope_at(3) == pytest.approx(max(growth, 0.0))
     assert second["identical_to_baseline"] is True
