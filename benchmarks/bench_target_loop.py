@@ -50,12 +50,31 @@ def sample_requests(vocab_path: str, records: int) -> list:
     ]
 
 
+def greedy_decode_args(model, packed) -> dict:
+    """``decoding.autoregressive_generate``'s arguments for the target alone on one packed
+    batch, greedy (``speculative_generate`` takes them too, with a draft's)."""
+    from pipelines import text
+    from specdec_core import sampling
+
+    rows = packed.prompt_tokens.shape[0]
+    return dict(
+        target=model.forward,
+        target_cache=model.new_cache(packed.encoder_tokens, rows, packed.max_len),
+        prompt_tokens=packed.prompt_tokens,
+        prompt_lengths=packed.prompt_lengths,
+        request_ids=packed.request_keys,
+        max_new_tokens=packed.max_new_tokens,
+        sampling_config=sampling.GREEDY,
+        eos_id=text.EOS_ID,
+    )
+
+
 def worker(batch_sizes: list[int], records: int, repeats: int) -> dict:
     """In the checkout on ``sys.path``: {batch: {"tokens_per_s", "digest"}}."""
     import numpy as np
 
-    from pipelines import model_resolver, text
-    from specdec_core import decoding, sampling
+    from pipelines import model_resolver
+    from specdec_core import decoding
     from specdec_core.models import bound
     from workers.batching import DecodeSettings, pack
 
@@ -71,19 +90,7 @@ def worker(batch_sizes: list[int], records: int, repeats: int) -> dict:
         def run(packed=packed):
             outs = []
             for p in packed:
-                rows = p.prompt_tokens.shape[0]
-                outs.append(
-                    decoding.autoregressive_generate(
-                        target=model.forward,
-                        target_cache=model.new_cache(p.encoder_tokens, rows, p.max_len),
-                        prompt_tokens=p.prompt_tokens,
-                        prompt_lengths=p.prompt_lengths,
-                        request_ids=p.request_keys,
-                        max_new_tokens=p.max_new_tokens,
-                        sampling_config=sampling.GREEDY,
-                        eos_id=text.EOS_ID,
-                    )
-                )
+                outs.append(decoding.autoregressive_generate(**greedy_decode_args(model, p)))
             return outs
 
         run()  # compiles every shape

@@ -31,7 +31,7 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench_target_loop import sample_requests  # noqa: E402  (this folder)
+from bench_target_loop import greedy_decode_args, sample_requests  # noqa: E402  (this folder)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft", default="ende_draft_debian")
     args = parser.parse_args(argv)
 
-    from pipelines import model_resolver, text
-    from specdec_core import costs, decoding, sampling
+    from pipelines import model_resolver
+    from specdec_core import costs, decoding
     from specdec_core.models import bound
     from workers.batching import DecodeSettings, pack
 
@@ -62,17 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
 
     def common(p):
-        rows = p.prompt_tokens.shape[0]
-        return dict(
-            target=target.forward,
-            target_cache=target.new_cache(p.encoder_tokens, rows, p.max_len),
-            prompt_tokens=p.prompt_tokens,
-            prompt_lengths=p.prompt_lengths,
-            request_ids=p.request_keys,
-            max_new_tokens=p.max_new_tokens,
-            sampling_config=sampling.GREEDY,
-            eos_id=text.EOS_ID,
-        )
+        return greedy_decode_args(target, p)
 
     def speculative(p, compiled):
         rows = p.prompt_tokens.shape[0]
