@@ -5,10 +5,11 @@ Runs ``decoding.autoregressive_generate`` (the target-alone loop, compiled whole
 with ``--draft``, ``decoding.speculative_generate(compiled=True)`` (the speculative
 loop at ``--gamma``) for a model at a batch size, greedy, with XLA dumping what it
 compiles, and lists the
-``copy`` instructions of the loop's optimized HLO by shape: how many there are, how many
-are tagged as the while loop's body (``op_name`` under ``while/body``), and the bytes
-each moves. A copy of a whole KV cache per layer and step is memory
-traffic that the cost model's "loop per step" figure absorbs.
+``copy`` and ``transpose`` instructions of the loop's optimized HLO by shape (a
+transpose XLA keeps moves its data as a copy does): how many there are, how many are
+tagged as the while loop's body (``op_name`` under ``while/body``), and the bytes each
+moves. A copy of a whole KV cache per layer and step is memory traffic that the cost
+model's "loop per step" figure absorbs.
 
 Usage (BENCHMARKS.md "Automatic γ", batch 16, gives the command run)::
 
@@ -103,16 +104,17 @@ def main(argv: list[str] | None = None) -> int:
     found = collections.Counter()
     in_body = collections.Counter()
     for line in hlo.splitlines():
-        match = re.search(r"= (\w+\[[^\]]*\])\S* copy\(", line)
+        match = re.search(r"= (\w+\[[^\]]*\])\S* (copy|transpose)\(", line)
         if match:
-            found[match.group(1)] += 1
-            in_body[match.group(1)] += "while/body" in line
+            key = (match.group(2), match.group(1))
+            found[key] += 1
+            in_body[key] += "while/body" in line
     loop = "target alone" if args.draft is None else f"draft {args.draft}, gamma {args.gamma}"
     print(f"{args.model}, {loop}, batch {rows}, cache {cache_len}, encoder {args.encoder_len}")
-    print("| shape | copies | tagged while/body | bytes each |")
-    print("|---|---|---|---|")
-    for shape, n in found.most_common():
-        print(f"| {shape} | {n} | {in_body[shape]} | {_nbytes(shape):,} |")
+    print("| op | shape | count | tagged while/body | bytes each |")
+    print("|---|---|---|---|---|")
+    for (op, shape), n in found.most_common():
+        print(f"| {op} | {shape} | {n} | {in_body[op, shape]} | {_nbytes(shape):,} |")
     return 0
 
 
