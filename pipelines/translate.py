@@ -259,23 +259,32 @@ def run_job(job: JobConfig) -> dict[str, Any]:
 def _with_previous_prior(job: JobConfig, run) -> tuple[JobConfig, str | None]:
     """``--gamma auto``: the job with its draft's prior updated from the newest finished
     run of the same job in MLflow (:mod:`pipelines.previous_run`), and that run's id;
-    the job as it is (and None) without one, or when MLflow is unavailable."""
+    the job as it is (and None) without one, when MLflow is unavailable, or when the
+    lookup fails (said on stderr; the run's own logging goes on)."""
     from pipelines import tracking
 
     if not job.engine.adaptive or run.run_id is None:
         return job, None
-    found = run.call(
-        previous_run.gamma_prior,
-        job.draft.spec.gamma_prior,
-        experiment_id=run.experiment_id,
-        tracking_uri=run.tracking_uri,
-        params=tracking.flatten_params(job_report.job_params(job)),
-        rows=job.settings.batch_size,
-    )
-    if found is None or found[1] is None:
+    try:
+        prior, run_id = previous_run.gamma_prior(
+            job.draft.spec.gamma_prior,
+            experiment_id=run.experiment_id,
+            tracking_uri=run.tracking_uri,
+            params=tracking.flatten_params(job_report.job_params(job)),
+            rows=job.settings.batch_size,
+        )
+    except Exception as error:  # a prior is a head start, never a reason to fail
+        print(
+            "  --gamma auto: could not read an earlier run's figures "
+            f"({tracking.describe_error(error)}); starting from the draft config's prior",
+            file=sys.stderr,
+            flush=True,
+        )
         return job, None
-    spec = dataclasses.replace(job.draft.spec, gamma_prior=found[0])
-    return dataclasses.replace(job, draft=dataclasses.replace(job.draft, spec=spec)), found[1]
+    if run_id is None:
+        return job, None
+    spec = dataclasses.replace(job.draft.spec, gamma_prior=prior)
+    return dataclasses.replace(job, draft=dataclasses.replace(job.draft, spec=spec)), run_id
 
 
 def _start_ray(job: JobConfig) -> Background | None:

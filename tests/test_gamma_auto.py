@@ -545,3 +545,37 @@ def test_a_second_job_starts_from_the_first_ones_figures(workdir, models, tracki
     growth = costs["target"]["2"] / step - 1.0  # at the job's 3 rows; k = 2 is always timed
     assert GammaPrior(**second["gamma_prior"]).slope_at(3) == pytest.approx(max(growth, 0.0))
     assert second["identical_to_baseline"] is True
+
+
+def test_a_failed_prior_lookup_leaves_the_job_and_its_run_whole(
+    workdir,  # noqa: F811
+    models,  # noqa: F811
+    tracking_uri,  # noqa: F811
+    monkeypatch,
+    capsys,
+):
+    from pipelines import previous_run
+    from pipelines.cli import main
+    from tests.test_translate_job import JobRun, job_args
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the store refused the search")
+
+    monkeypatch.setattr(previous_run, "gamma_prior", broken)
+    output = workdir / "prior_broken.jsonl"
+    args = job_args(
+        workdir / "sentences.tsv",
+        output,
+        models=models,
+        workers="inprocess",
+        temperature=0.0,
+        tracking_uri=tracking_uri,
+    )
+    job = JobRun(main([*args, "--gamma", "auto"]), output, pathlib.Path(f"{output}.summary.json"))
+    assert job.code == 0 and job.dead == []
+    assert "could not read an earlier run's figures (RuntimeError: the store refused" in (
+        capsys.readouterr().err
+    )
+    summary = job.summary
+    assert summary["mlflow_error"] is None and summary["mlflow_run_id"]  # logged all the same
+    assert summary["gamma_prior_run_id"] is None
