@@ -38,7 +38,6 @@ import numpy as np
 from pipelines import model_resolver, text
 from specdec_core import theory
 from specdec_core.models import prompt_lookup
-from specdec_core.models.bound import load_model
 from specdec_core.sampling import SamplingConfig
 from workers.batching import DecodeSettings, Request
 from workers.engine import InProcessEngine
@@ -50,10 +49,7 @@ MAX_NEW = 64  # the translate job's default --max-new-tokens
 
 
 def load(ref: str, role: str):
-    spec = model_resolver.resolve_model(ref, role=role).spec
-    return load_model(
-        spec.name, spec.family, spec.config, checkpoint=spec.checkpoint, init_seed=spec.init_seed
-    )
+    return model_resolver.resolve_model(ref, role=role).spec.load()
 
 
 def sample_requests() -> list[Request]:

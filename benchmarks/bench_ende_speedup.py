@@ -55,7 +55,6 @@ import numpy as np
 from pipelines import model_resolver, study, text
 from pipelines.data import ding
 from specdec_core import costs, decoding, theory
-from specdec_core.models.bound import load_model
 from specdec_core.sampling import SamplingConfig
 from workers.batching import DecodeSettings, Request, pack
 from workers.engine import InProcessEngine
@@ -76,10 +75,7 @@ def full_sentences(count: int, split: str = "test") -> list[tuple[str, str]]:
 
 def load(name: str, role: str):
     resolved = model_resolver.resolve_model(name, role=role)
-    spec = resolved.spec
-    return load_model(
-        spec.name, spec.family, spec.config, checkpoint=spec.checkpoint, init_seed=spec.init_seed
-    ), resolved
+    return resolved.spec.load(), resolved
 
 
 def encode(processor, sentences) -> list[tuple[int, ...]]:

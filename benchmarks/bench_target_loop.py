@@ -75,12 +75,10 @@ def worker(batch_sizes: list[int], records: int, repeats: int) -> dict:
 
     from pipelines import model_resolver
     from specdec_core import decoding
-    from specdec_core.models import bound
     from workers.batching import DecodeSettings, pack
 
     resolved = model_resolver.resolve_model("ende_target_debian", role="--target")
-    spec = resolved.spec
-    model = bound.load_model(spec.name, spec.family, spec.config, checkpoint=spec.checkpoint)
+    model = resolved.spec.load()
     requests = sample_requests(resolved.vocab_path, records)
     results = {}
     for batch in batch_sizes:

@@ -44,14 +44,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipelines import model_resolver
     from specdec_core import costs, decoding
-    from specdec_core.models import bound
     from workers.batching import DecodeSettings, pack
 
     def load(name, role):
         resolved = model_resolver.resolve_model(name, role=role)
-        spec = resolved.spec
-        model = bound.load_model(spec.name, spec.family, spec.config, checkpoint=spec.checkpoint)
-        return model, resolved.vocab_path
+        return resolved.spec.load(), resolved.vocab_path
 
     target, vocab = load("ende_target_debian", "--target")
     draft, _ = load(args.draft, "--draft")

@@ -68,11 +68,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from pipelines import model_resolver
     from specdec_core import decoding, sampling
-    from specdec_core.models import bound
 
     def load(name, role):
-        spec = model_resolver.resolve_model(name, role=role).spec
-        return bound.load_model(spec.name, spec.family, spec.config, checkpoint=spec.checkpoint)
+        return model_resolver.resolve_model(name, role=role).spec.load()
 
     model = load(args.model, "--model")
     rows = args.batch

@@ -350,7 +350,7 @@ def test_copy_references_resolve_to_copy_specs():
     assert both.spec.config.vocab_size == 24 and both.spec.config.n_max == 2
     # The spec crosses to a Ray worker (pickled) and loads there as any model does.
     spec = pickle.loads(pickle.dumps(both.spec))
-    model = bound.load_model(spec.name, spec.family, spec.config, init_seed=spec.init_seed)
+    model = spec.load()
     assert model.family == "copy" and model.vocab_size == 24
     assert model.param_count() == bound.load_model("d", "t5", T5_CONFIG).param_count()
     target = model_resolver.resolve_model(

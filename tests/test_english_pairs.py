@@ -19,7 +19,7 @@ from pipelines import configs
 from pipelines.data import ding
 from pipelines.model_resolver import resolve_model
 from specdec_core import decoding
-from specdec_core.models import bound, ngram
+from specdec_core.models import ngram
 from specdec_core.sampling import GREEDY, SamplingConfig
 
 PAIRS = [
@@ -36,8 +36,7 @@ EOS_ID = 1
 
 
 def _model(name: str, role: str):
-    spec = resolve_model(name, role=role).spec
-    return bound.load_model(spec.name, spec.family, spec.config, checkpoint=spec.checkpoint)
+    return resolve_model(name, role=role).spec.load()
 
 
 @pytest.fixture(scope="module")

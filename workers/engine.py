@@ -138,12 +138,8 @@ def _checkpoint_version(spec: ModelSpec) -> int | None:
 
 @functools.lru_cache(maxsize=4)
 def _cached_model(spec: ModelSpec, version: int | None) -> BoundModel:
-    from specdec_core.models.bound import load_model
-
     del version  # part of the cache key only
-    return load_model(
-        spec.name, spec.family, spec.config, checkpoint=spec.checkpoint, init_seed=spec.init_seed
-    )
+    return spec.load()
 
 
 def _bound_model(spec: ModelSpec) -> BoundModel:

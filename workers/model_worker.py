@@ -35,7 +35,7 @@ import jax
 import numpy as np
 
 from specdec_core import decoding
-from specdec_core.models.bound import BoundModel, load_model
+from specdec_core.models.bound import BoundModel
 from specdec_core.sampling import SamplingConfig
 from workers import recovery, wire
 from workers.batching import DecodeSettings
@@ -109,13 +109,7 @@ class ModelWorker(recovery.Restartable):
 
     def __init__(self, spec: ModelSpec):
         self.spec = spec
-        self.model: BoundModel = load_model(
-            spec.name,
-            spec.family,
-            spec.config,
-            checkpoint=spec.checkpoint,
-            init_seed=spec.init_seed,
-        )
+        self.model: BoundModel = spec.load()
         self.mesh = None
         if spec.mesh is not None:  # the model on a slice (e.g. mesh: {data: 1, model: 8})
             from specdec_core import sharding

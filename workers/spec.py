@@ -92,6 +92,19 @@ class ModelSpec:
     mesh: tuple[int, int] | None = None  # (data, model): the worker shards params and caches
     gamma_prior: Any = None  # a draft's workers.gamma.GammaPrior for --gamma auto; None: defaults
 
+    def load(self):
+        """The model as a ``specdec_core.models.bound.BoundModel``: its checkpoint read, or
+        random params from ``init_seed`` when it has none."""
+        from specdec_core.models.bound import load_model
+
+        return load_model(
+            self.name,
+            self.family,
+            self.config,
+            checkpoint=self.checkpoint,
+            init_seed=self.init_seed,
+        )
+
 
 def check_shared_vocabulary(
     target_name: str, target_vocab: int, draft_name: str, draft_vocab: int
