@@ -17,7 +17,8 @@ depend on the runner. Terms:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pipelines import part_files, record_io
@@ -258,6 +259,38 @@ def resolved_config(job: JobConfig) -> dict[str, Any]:
     return config
 
 
+_TARGET_COST = re.compile(r"step_cost_target_(\d+)_ms")
+
+
+def step_cost_metrics(step_costs_ms: Mapping[str, Any]) -> dict[str, float]:
+    """A summary's ``step_costs_ms`` as MLflow metrics (``step_cost_target_<k>_ms``,
+    ``step_cost_draft_step_ms``, ``step_cost_loop_per_step_ms``), which a later job's γ
+    prior reads back (:func:`step_costs_from_metrics`)."""
+    metrics = {
+        f"step_cost_target_{k}_ms": float(ms)
+        for k, ms in (step_costs_ms.get("target") or {}).items()
+    }
+    for name in ("draft_step", "loop_per_step"):
+        if step_costs_ms.get(name) is not None:
+            metrics[f"step_cost_{name}_ms"] = float(step_costs_ms[name])
+    return metrics
+
+
+def step_costs_from_metrics(metrics: Mapping[str, float]) -> dict[str, Any]:
+    """:func:`step_cost_metrics` undone: a run's metrics back in the summary's
+    ``step_costs_ms`` form."""
+    target = {
+        match.group(1): value
+        for name, value in metrics.items()
+        if (match := _TARGET_COST.fullmatch(name))
+    }
+    return {
+        "target": target,
+        "draft_step": metrics.get("step_cost_draft_step_ms"),
+        "loop_per_step": metrics.get("step_cost_loop_per_step_ms"),
+    }
+
+
 def _numeric_metrics(summary: dict[str, Any], traffic: dict | None) -> dict[str, float]:
     keys = (
         "records_in records_out records_failed speedup alpha accepted_per_drafted "
@@ -275,12 +308,7 @@ def _numeric_metrics(summary: dict[str, Any], traffic: dict | None) -> dict[str,
         metrics[f"acceptance_at_position_{i}"] = rate
     for phase, seconds in (summary.get("time_breakdown") or {}).items():
         metrics[f"time_{phase}_s"] = float(seconds)
-    costs = summary.get("step_costs_ms") or {}
-    for k, ms in (costs.get("target") or {}).items():  # what a later job's prior reads back
-        metrics[f"step_cost_target_{k}_ms"] = float(ms)
-    for name in ("draft_step", "loop_per_step"):
-        if costs.get(name) is not None:
-            metrics[f"step_cost_{name}_ms"] = float(costs[name])
+    metrics |= step_cost_metrics(summary.get("step_costs_ms") or {})
     histogram = summary.get("gamma_histogram") or {}
     for gamma, batches in histogram.items():
         metrics[f"gamma_batches_{gamma}"] = float(batches)

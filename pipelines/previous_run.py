@@ -13,10 +13,9 @@ not matched: a run at a fixed γ measures the same pair's α and costs.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from typing import Any
 
+from pipelines import job_report
 from workers.gamma import GammaPrior
 
 # The params whose values make two runs the same job for the prior (besides the
@@ -30,7 +29,6 @@ MATCHED_PARAMS = (
     "temperature",
     "workers",
 )
-_TARGET_COST = re.compile(r"step_cost_target_(\d+)_ms")
 
 
 def newest_run(experiment_id: str, tracking_uri: str, params: Mapping[str, str]):
@@ -50,20 +48,6 @@ def newest_run(experiment_id: str, tracking_uri: str, params: Mapping[str, str])
     return runs[0] if runs else None
 
 
-def step_costs_ms(metrics: Mapping[str, float]) -> dict[str, Any]:
-    """A run's ``step_cost_*_ms`` metrics back in the summary's ``step_costs_ms`` form."""
-    target = {
-        match.group(1): value
-        for name, value in metrics.items()
-        if (match := _TARGET_COST.fullmatch(name))
-    }
-    return {
-        "target": target,
-        "draft_step": metrics.get("step_cost_draft_step_ms"),
-        "loop_per_step": metrics.get("step_cost_loop_per_step_ms"),
-    }
-
-
 def gamma_prior(
     base: GammaPrior | None,
     *,
@@ -80,7 +64,7 @@ def gamma_prior(
     if run is None:
         return base, None
     metrics = run.data.metrics
-    costs = step_costs_ms(metrics)
+    costs = job_report.step_costs_from_metrics(metrics)
     if metrics.get("alpha") is None and not costs["target"]:
         return base, None
     prior = (base or GammaPrior()).measured(
