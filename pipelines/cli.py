@@ -31,6 +31,7 @@ import functools
 import os
 import pathlib
 import sys
+from typing import Any
 
 from pipelines.arguments import ranged as _ranged
 from pipelines.model_resolver import DEFAULT_GAMMA
@@ -62,6 +63,21 @@ EXIT_CODES = {
 DEFAULT_COMPILE_CACHE = REPO_ROOT / "runs" / "jax_cache"
 
 
+def compile_cache_settings(path: str | os.PathLike) -> dict[str, Any]:
+    """JAX's config for a persistent compilation cache in ``path`` that keeps every
+    program, however small or quick to compile."""
+    return {
+        "jax_compilation_cache_dir": str(path),
+        "jax_persistent_cache_min_compile_time_secs": 0.0,
+        "jax_persistent_cache_min_entry_size_bytes": 0,
+    }
+
+
+def compile_cache_environment(settings: dict[str, Any]) -> dict[str, str]:
+    """``settings`` as the environment variables JAX reads when a process imports it."""
+    return {name.upper(): str(value) for name, value in settings.items()}
+
+
 def enable_compile_cache(directory: str | os.PathLike | None = None) -> pathlib.Path | None:
     """Turns on JAX's persistent compilation cache for the job commands.
 
@@ -78,12 +94,8 @@ def enable_compile_cache(directory: str | os.PathLike | None = None) -> pathlib.
         return None
     path = pathlib.Path(chosen).resolve()
     path.mkdir(parents=True, exist_ok=True)
-    settings = {
-        "jax_compilation_cache_dir": str(path),
-        "jax_persistent_cache_min_compile_time_secs": 0.0,
-        "jax_persistent_cache_min_entry_size_bytes": 0,
-    }
-    os.environ.update({name.upper(): str(value) for name, value in settings.items()})
+    settings = compile_cache_settings(path)
+    os.environ.update(compile_cache_environment(settings))
     if "jax" in sys.modules:
         import jax
 

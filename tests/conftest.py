@@ -58,22 +58,13 @@ def ray_local(tmp_path_factory):
     actors through the environment that Ray's daemons start with; this process keeps
     its own cache off (see the top of this file)."""
     ray = pytest.importorskip("ray")
+    from pipelines.cli import compile_cache_environment, compile_cache_settings
     from workers.spec import ensure_ray
 
-    cache = {
-        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("actor_jax_cache")),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-    }
-    saved = {name: os.environ.get(name) for name in cache}
-    os.environ.update(cache)
-    try:
+    cache = compile_cache_settings(tmp_path_factory.mktemp("actor_jax_cache"))
+    with pytest.MonkeyPatch.context() as patch:  # only while Ray's daemons start
+        for name, value in compile_cache_environment(cache).items():
+            patch.setenv(name, value)
         ensure_ray(num_cpus=4)
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name)
-            else:
-                os.environ[name] = value
     yield ray
     ray.shutdown()
