@@ -176,16 +176,17 @@ def run_job(job: JobConfig) -> dict[str, Any]:
         phases["ray_start"] = time.perf_counter() - start
     summary_path = job.summary_json or default_summary_path(job.output)
     started = time.perf_counter()
+    params = job_report.job_params(job)  # the run's, and what an earlier run must match
     with tracking.OptionalRun(
         job.kind.name,
         run_name=job_report.run_name(job),
-        params=job_report.job_params(job),
+        params=params,
         tags={"workers": job.engine.kind},
         tracking_uri=tracking_uri,
         hint=f"; log it later with: specdec log-run --summary-json {summary_path}",
         store=store,
     ) as run:
-        job, prior_from = _with_previous_prior(job, run)
+        job, prior_from = _with_previous_prior(job, run, params)
         phases["mlflow"] = time.perf_counter() - started
         job_id = run.run_id or uuid.uuid4().hex
         pipeline_start = time.perf_counter()
@@ -256,11 +257,12 @@ def run_job(job: JobConfig) -> dict[str, Any]:
     return summary
 
 
-def _with_previous_prior(job: JobConfig, run) -> tuple[JobConfig, str | None]:
+def _with_previous_prior(job: JobConfig, run, params) -> tuple[JobConfig, str | None]:
     """``--gamma auto``: the job with its draft's prior updated from the newest finished
     run of the same job in MLflow (:mod:`pipelines.previous_run`), and that run's id;
     the job as it is (and None) without one, when MLflow is unavailable, or when the
-    lookup fails (said on stderr; the run's own logging goes on)."""
+    lookup fails (said on stderr; the run's own logging goes on). ``params``: the job's
+    MLflow params."""
     from pipelines import tracking
 
     if not job.engine.adaptive or run.run_id is None:
@@ -270,7 +272,7 @@ def _with_previous_prior(job: JobConfig, run) -> tuple[JobConfig, str | None]:
             job.draft.spec.gamma_prior,
             experiment_id=run.experiment_id,
             tracking_uri=run.tracking_uri,
-            params=tracking.flatten_params(job_report.job_params(job)),
+            params=tracking.flatten_params(params),
             rows=job.settings.batch_size,
         )
     except Exception as error:  # a prior is a head start, never a reason to fail
