@@ -515,25 +515,32 @@ def test_job_with_auto_gamma_reports_its_choices_and_time(run_job):  # noqa: F81
     assert summary["efficiency"] == pytest.approx(summary["speedup"] / summary["predicted_speedup"])
 
 
-def test_a_second_job_starts_from_the_first_ones_figures(workdir, models, tracking_uri):  # noqa: F811
-    """--gamma auto's prior comes from the newest finished run of the same job: the
-    second of two identical jobs reads the first's step costs from MLflow."""
+def _inprocess_job(folder, pair, store_uri, name: str, *extra: str):
+    """A greedy in-process translate job of the module's pair (the ``models`` fixture),
+    written as ``name`` in ``folder`` and logged to ``store_uri``."""
     from pipelines.cli import main
     from tests.test_translate_job import JobRun, job_args
 
-    jobs = []
-    for name in ("prior_first", "prior_second"):
-        output = workdir / f"{name}.jsonl"
-        args = job_args(
-            workdir / "sentences.tsv",
-            output,
-            models=models,
-            workers="inprocess",
-            temperature=0.0,
-            tracking_uri=tracking_uri,
-        )
-        extra = ["--compare-baseline", "--gamma", "auto", "--gamma-max", "3", "--batch-size", "3"]
-        jobs.append(JobRun(main([*args, *extra]), output, pathlib.Path(f"{output}.summary.json")))
+    output = folder / f"{name}.jsonl"
+    args = job_args(
+        folder / "sentences.tsv",
+        output,
+        models=pair,
+        workers="inprocess",
+        temperature=0.0,
+        tracking_uri=store_uri,
+    )
+    return JobRun(main([*args, *extra]), output, pathlib.Path(f"{output}.summary.json"))
+
+
+def test_a_second_job_starts_from_the_first_ones_figures(workdir, models, tracking_uri):  # noqa: F811
+    """--gamma auto's prior comes from the newest finished run of the same job: the
+    second of two identical jobs reads the first's step costs from MLflow."""
+    extra = ("--compare-baseline", "--gamma", "auto", "--gamma-max", "3", "--batch-size", "3")
+    jobs = [
+        _inprocess_job(workdir, models, tracking_uri, name, *extra)
+        for name in ("prior_first", "prior_second")
+    ]
     first, second = (job.summary for job in jobs)
     assert [job.code for job in jobs] == [0, 0]
     assert first["gamma_prior_run_id"] is None  # no earlier run of this job (batch 3)
@@ -555,23 +562,12 @@ def test_a_failed_prior_lookup_leaves_the_job_and_its_run_whole(
     capsys,
 ):
     from pipelines import previous_run
-    from pipelines.cli import main
-    from tests.test_translate_job import JobRun, job_args
 
     def broken(*args, **kwargs):
         raise RuntimeError("the store refused the search")
 
     monkeypatch.setattr(previous_run, "gamma_prior", broken)
-    output = workdir / "prior_broken.jsonl"
-    args = job_args(
-        workdir / "sentences.tsv",
-        output,
-        models=models,
-        workers="inprocess",
-        temperature=0.0,
-        tracking_uri=tracking_uri,
-    )
-    job = JobRun(main([*args, "--gamma", "auto"]), output, pathlib.Path(f"{output}.summary.json"))
+    job = _inprocess_job(workdir, models, tracking_uri, "prior_broken", "--gamma", "auto")
     assert job.code == 0 and job.dead == []
     assert "could not read an earlier run's figures (RuntimeError: the store refused" in (
         capsys.readouterr().err
