@@ -265,14 +265,20 @@ def dot_product_attention(
     a cache's layout); bias: broadcastable to [B, H, Q, S] -> [B, Q, H, D] in query's
     dtype. T5X uses ``query_scale=1`` (no 1/sqrt(D)).
     """
-    kv = "bhsd" if kv_heads_major else "bshd"
-    logits = jnp.einsum(f"bqhd,{kv}->bhqs", query, key, preferred_element_type=jnp.float32)
+    # Every operand goes in heads-major ([B, H, ·, D]) and the result comes out so, then
+    # back to [B, Q, H, D]: XLA's CPU dots take the head as a batch dimension only in
+    # that layout. Mixed layouts ("bqhd,bhsd->bhqs") cost 4x at 16 rows and 2-4 decode
+    # tokens, and 3x in a training forward (BENCHMARKS.md, "Attention layout").
+    if not kv_heads_major:
+        key, value = key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3)
+    query = query.transpose(0, 2, 1, 3)  # [B, H, Q, D]
+    logits = jnp.einsum("bhqd,bhsd->bhqs", query, key, preferred_element_type=jnp.float32)
     if query_scale != 1.0:
         logits = logits * query_scale
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)
     weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)  # [B, H, Q, S]
-    return jnp.einsum(f"bhqs,{kv}->bqhd", weights, value)
+    return jnp.einsum("bhqs,bhsd->bhqd", weights, value).transpose(0, 2, 1, 3)
 
 
 def attention_over(
