@@ -89,8 +89,10 @@ class DecoderConfig:
     logits_via_embedding: bool = True  # tied output embedding (gpt requires True)
     relpos_num_buckets: int = 32  # lamda: T5 relative position buckets
     relpos_max_distance: int = 128  # lamda: distance of the last bucket
+    matmul_dtype: str = "float32"  # a decode's matmul inputs (T5Config.matmul_dtype)
 
     def __post_init__(self):
+        layers.check_matmul_dtype(self.matmul_dtype)
         if self.variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
         if self.dtype not in DTYPES:
@@ -217,7 +219,12 @@ def init_cache(config: DecoderConfig, batch_size: int, max_len: int) -> DecoderC
 
 
 def _heads(config: DecoderConfig) -> layers.Heads:
-    return layers.Heads(config.num_heads, config.query_scale, config.activation_dtype)
+    return layers.Heads(
+        config.num_heads,
+        config.query_scale,
+        config.activation_dtype,
+        pair_single_query=config.matmul_dtype == "bfloat16",
+    )
 
 
 def _norm(config: DecoderConfig, params, x):

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 
-from specdec_core.models import decoder, ngram, prompt_lookup, t5
+from specdec_core.models import decoder, layers, ngram, prompt_lookup, t5
 from specdec_core.models.api import Forward
 
 if TYPE_CHECKING:
@@ -80,13 +80,17 @@ class Family:
         draft ``params`` is its backoff BoundModel (or None)."""
         from specdec_core.models.bound import BoundModel
 
-        new_cache = self.new_cache(name, config, params)  # may check the pair first
+        # a decode's weights: as held, or prepared for the config's matmul_dtype
+        served = params
+        if self.weights == "checkpoint":
+            served = layers.matmul_weights(params, config.matmul_dtype)
+        new_cache = self.new_cache(name, config, served)  # may check the pair first
         return BoundModel(
             name=name,
             family=self.name,
             config=config,
             params=self.held_params(params),
-            forward=self.forward(config, params),
+            forward=self.forward(config, served),
             new_cache=new_cache,
         )
 

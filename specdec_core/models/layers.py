@@ -71,22 +71,93 @@ def layer_norm(params: Params, x: jax.Array, *, epsilon: float = 1e-5, dtype=Non
 # ------------------------------------------------------------------- dense, embed, MLP
 
 
+MATMUL_DTYPES = ("float32", "bfloat16")  # a model config's ``matmul_dtype``
+
+
+def check_matmul_dtype(value: str) -> None:
+    """Raises ValueError naming the field unless ``value`` is in :data:`MATMUL_DTYPES`."""
+    if value not in MATMUL_DTYPES:
+        raise ValueError(f"matmul_dtype must be one of {MATMUL_DTYPES}, got {value!r}")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Bfloat16Weight:
+    """A weight matrix for matmuls on bfloat16 inputs with float32 sums (a config's
+    ``matmul_dtype: bfloat16``; TPU's default precision for float32 matmuls).
+
+    On this CPU, XLA's bfloat16 matrix kernels make a call on 2-5 tokens cost about
+    what one token's does, where float32 calls on 2-4 tokens cost 1.3-1.5x
+    (BENCHMARKS.md, "bfloat16 matmuls"). A single row is computed as a pair (itself
+    twice), so that every call runs the same kernel: a row's result is then the same
+    bits whatever the number of rows beside it (with :attr:`Heads.pair_single_query`),
+    and a decode's one-token and γ+1-token calls agree exactly. Otherwise rounding the
+    inputs to bfloat16 turns the float32 kernels' different orders of summation into
+    logit differences of ~1e-3, enough to flip a greedy near-tie.
+    """
+
+    bf16: jax.Array
+
+    @classmethod
+    def of(cls, weight: jax.Array) -> Bfloat16Weight:
+        return cls(bf16=jnp.asarray(weight).astype(jnp.bfloat16))
+
+    def contract(self, x: jax.Array, axis: int) -> jax.Array:
+        """x [..., n] contracted with this weight's dimension ``axis`` (of size n),
+        float32 out."""
+        lead = x.shape[:-1]
+        rows = x.astype(jnp.float32).astype(jnp.bfloat16).reshape(-1, x.shape[-1])
+        single = rows.shape[0] == 1
+        if single:
+            rows = jnp.concatenate([rows, rows], axis=0)
+        dims = (((1,), (axis,)), ((), ()))
+        out = jax.lax.dot_general(rows, self.bf16, dims, preferred_element_type=jnp.float32)
+        return (out[:1] if single else out).reshape(*lead, out.shape[-1])
+
+
+def matmul_weights(params: Params, matmul_dtype: str) -> Params:
+    """``params`` as a model's forward takes them for ``matmul_dtype`` (a config's
+    field, :data:`MATMUL_DTYPES`): as they are for float32; every dense ``kernel`` and
+    token ``embedding`` as a :class:`Bfloat16Weight` for bfloat16."""
+    check_matmul_dtype(matmul_dtype)
+    if matmul_dtype == "float32":
+        return params
+
+    def convert(tree):
+        if not isinstance(tree, Mapping):
+            return tree
+        return {
+            key: Bfloat16Weight.of(value) if key in ("kernel", "embedding") else convert(value)
+            for key, value in tree.items()
+        }
+
+    return convert(params)
+
+
 def dense(params: Params, x: jax.Array, *, dtype=None) -> jax.Array:
     """x: [..., in] @ kernel [in, out] (+ bias [out]) -> [..., out] in ``dtype``."""
     dtype = dtype or x.dtype
-    y = jnp.dot(x.astype(dtype), params["kernel"].astype(dtype))
+    kernel = params["kernel"]
+    if isinstance(kernel, Bfloat16Weight):
+        y = kernel.contract(x, 0).astype(dtype)
+    else:
+        y = jnp.dot(x.astype(dtype), kernel.astype(dtype))
     if "bias" in params:
         y = y + params["bias"].astype(dtype)
     return y
 
 
-def embed(embedding: jax.Array, tokens: jax.Array, *, dtype) -> jax.Array:
+def embed(embedding: jax.Array | Bfloat16Weight, tokens: jax.Array, *, dtype) -> jax.Array:
     """Token lookup: embedding [V, E], tokens int [...] -> [..., E] in ``dtype``."""
+    if isinstance(embedding, Bfloat16Weight):
+        embedding = embedding.bf16
     return jnp.take(embedding, tokens, axis=0).astype(dtype)
 
 
-def attend(embedding: jax.Array, x: jax.Array) -> jax.Array:
+def attend(embedding: jax.Array | Bfloat16Weight, x: jax.Array) -> jax.Array:
     """Logits via the (tied) embedding, float32: x [..., E] @ embedding.T -> [..., V]."""
+    if isinstance(embedding, Bfloat16Weight):
+        return embedding.contract(x, 1)
     return jnp.dot(x.astype(jnp.float32), embedding.astype(jnp.float32).T)
 
 
@@ -236,6 +307,10 @@ class Heads:
     num: int  # H
     query_scale: float = 1.0  # on the logits; T5X: 1 (no 1/sqrt(D): folded into the init)
     dtype: Any = None  # the projections' compute dtype; None: the params'
+    # A one-query call attends as a two-query one (the query twice): XLA's CPU kernels
+    # for one query sum in another order, and bfloat16 matmuls (Bfloat16Weight) need
+    # every call's rows to come out the same bits whatever the call's length.
+    pair_single_query: bool = False
 
 
 def split_heads(x: jax.Array, num_heads: int) -> jax.Array:
@@ -258,6 +333,7 @@ def dot_product_attention(
     *,
     query_scale: float = 1.0,
     kv_heads_major: bool = False,
+    pair_single_query: bool = False,
 ) -> jax.Array:
     """softmax(q·k * query_scale + bias) · v, logits and softmax in float32.
 
@@ -271,6 +347,9 @@ def dot_product_attention(
     # tokens, and 3x in a training forward (BENCHMARKS.md, "Attention layout").
     if not kv_heads_major:
         key, value = key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3)
+    single = pair_single_query and query.shape[1] == 1
+    if single:
+        query = jnp.concatenate([query, query], axis=1)
     query = query.transpose(0, 2, 1, 3)  # [B, H, Q, D]
     logits = jnp.einsum("bhqd,bhsd->bhqs", query, key, preferred_element_type=jnp.float32)
     if query_scale != 1.0:
@@ -278,7 +357,8 @@ def dot_product_attention(
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)
     weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)  # [B, H, Q, S]
-    return jnp.einsum("bhqs,bhsd->bhqd", weights, value).transpose(0, 2, 1, 3)
+    out = jnp.einsum("bhqs,bhsd->bhqd", weights, value).transpose(0, 2, 1, 3)
+    return out[:, :1] if single else out
 
 
 def attention_over(
@@ -303,6 +383,7 @@ def attention_over(
         bias,
         query_scale=heads.query_scale,
         kv_heads_major=kv_heads_major,
+        pair_single_query=heads.pair_single_query,
     )
     merged = attended.reshape(*attended.shape[:-2], -1)  # [B, Q, H·D]
     return dense(params["out"], merged, dtype=heads.dtype)

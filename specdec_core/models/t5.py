@@ -57,9 +57,13 @@ class T5Config:
     dropout_rate: float = 0.0  # training only (score's dropout_rng); decoding never drops
     logits_via_embedding: bool = False  # T5 1.1: separate decoder/logits_dense
     dtype: str = "float32"  # activation dtype ("float32" or "bfloat16"); params may be f32
+    # what a decode's matmuls round their inputs to (float32 sums): "float32" | "bfloat16"
+    # (layers.Bfloat16Weight; training and checkpoints are unaffected)
+    matmul_dtype: str = "float32"
 
     def __post_init__(self):
         object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
+        layers.check_matmul_dtype(self.matmul_dtype)
 
     @property
     def activation_dtype(self) -> jnp.dtype:
@@ -173,7 +177,7 @@ _NO_DROPOUT = _Dropout(0.0, None)
 
 def _heads(config: T5Config) -> layers.Heads:
     """T5X's attention: no 1/sqrt(D) on the logits, projections in the params' dtype."""
-    return layers.Heads(config.num_heads)
+    return layers.Heads(config.num_heads, pair_single_query=config.matmul_dtype == "bfloat16")
 
 
 def _position_bias(stack: Params, query_positions, key_positions, *, bidirectional: bool):

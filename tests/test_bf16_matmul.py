@@ -1,0 +1,126 @@
+"""Matmuls on bfloat16 inputs with float32 sums (a model config's ``matmul_dtype:
+bfloat16``, ``layers.Bfloat16Weight``): the logits stay close to float32's, a row's
+logits are the same bits however many tokens a call carries, and greedy speculative
+decoding equals greedy target-only decoding token for token."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specdec_core import decoding
+from specdec_core.models import decoder, families, layers, registry, t5
+from specdec_core.sampling import GREEDY
+from tests.test_real_model_greedy import bigram_draft, target_model
+
+# Wide enough that XLA's kernels for one row and for several differ in how they sum.
+CONFIG = t5.T5Config(
+    vocab_size=97,
+    emb_dim=64,
+    num_heads=4,
+    head_dim=16,
+    mlp_dim=128,
+    num_encoder_layers=2,
+    num_decoder_layers=2,
+    matmul_dtype="bfloat16",
+)
+FLOAT32 = dataclasses.replace(CONFIG, matmul_dtype="float32")
+TOKENS = 9
+
+
+@pytest.fixture(scope="module")
+def bound():
+    """(bfloat16, float32) BoundModels of the same random params."""
+    params = t5.init_params(CONFIG, jax.random.key(3))
+    t5_family = families.get("t5")
+    return t5_family.bind("bf16", CONFIG, params), t5_family.bind("f32", FLOAT32, params)
+
+
+def _inputs(batch: int):
+    rng = np.random.default_rng(batch)
+    encoder = rng.integers(1, CONFIG.vocab_size, size=(batch, 7)).astype(np.int32)
+    tokens = rng.integers(1, CONFIG.vocab_size, size=(batch, TOKENS)).astype(np.int32)
+    tokens[:, 0] = 0
+    return encoder, tokens
+
+
+def _chunked_logits(model, encoder, tokens, chunk: int) -> np.ndarray:
+    """Logits of every position, fed ``chunk`` tokens per call through the KV cache."""
+    cache = model.new_cache(encoder, encoder.shape[0], TOKENS + 1)
+    step = jax.jit(model.forward)
+    out = []
+    for start in range(0, TOKENS, chunk):
+        logits, cache = step(cache, jnp.asarray(tokens[:, start : start + chunk]))
+        out.append(np.asarray(logits))
+    return np.concatenate(out, axis=1)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_rows_logits_are_the_same_bits_for_any_call_length(bound, batch):
+    model, _ = bound
+    encoder, tokens = _inputs(batch)
+    one = _chunked_logits(model, encoder, tokens, 1)
+    for chunk in (2, 4, TOKENS):
+        np.testing.assert_array_equal(_chunked_logits(model, encoder, tokens, chunk), one)
+
+
+def test_bfloat16_matmuls_stay_close_to_float32(bound):
+    model, reference = bound
+    encoder, tokens = _inputs(3)
+    got = _chunked_logits(model, encoder, tokens, 3)
+    want = _chunked_logits(reference, encoder, tokens, 3)
+    scale = np.abs(want).max()
+    assert np.abs(got - want).max() < 0.02 * scale
+    assert np.abs(got - want).max() > 0  # the bfloat16 path really ran
+    assert (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9
+
+
+def test_the_weights_are_held_in_bfloat16(bound):
+    model, _ = bound
+    kernel = model.forward.args[0]["decoder"]["layers_0"]["mlp"]["wo"]["kernel"]
+    assert isinstance(kernel, layers.Bfloat16Weight) and kernel.bf16.dtype == jnp.bfloat16
+    assert model.params["decoder"]["layers_0"]["mlp"]["wo"]["kernel"].dtype == jnp.float32
+
+
+@pytest.mark.parametrize("preset", ["gpt_tiny_test", "lamda_tiny_test"])
+def test_greedy_speculative_equals_greedy_target_with_bfloat16_matmuls(preset):
+    config, params = target_model(preset)
+    config = dataclasses.replace(config, matmul_dtype="bfloat16")
+    served = layers.matmul_weights(params, "bfloat16")
+    target = functools.partial(decoder.forward, config, served)
+    draft, draft_cache = bigram_draft(config, params)
+    batch, cache_len, max_new = 2, 32, 12
+    prompts = np.random.default_rng(13).integers(0, config.vocab_size, size=(batch, 7))
+    common = dict(
+        prompt_tokens=prompts,
+        prompt_lengths=np.array([3, 7], np.int32),
+        request_ids=np.arange(batch),
+        max_new_tokens=max_new,
+        sampling_config=GREEDY,
+    )
+    base = decoding.autoregressive_generate(
+        target=target, target_cache=decoder.init_cache(config, batch, cache_len), **common
+    )
+    for gamma in (1, 3):
+        spec = decoding.speculative_generate(
+            target=target,
+            target_cache=decoder.init_cache(config, batch, cache_len),
+            draft=draft,
+            draft_cache=draft_cache,
+            gamma=gamma,
+            **common,
+        )
+        np.testing.assert_array_equal(spec.lengths, base.lengths)
+        np.testing.assert_array_equal(spec.tokens, base.tokens)
+
+
+def test_an_unknown_matmul_dtype_is_named():
+    with pytest.raises(ValueError, match="matmul_dtype must be one of"):
+        t5.T5Config(matmul_dtype="int8")
+    with pytest.raises(ValueError, match="matmul_dtype must be one of"):
+        dataclasses.replace(registry.get_config("gpt_tiny_test"), matmul_dtype="int8")
