@@ -223,11 +223,14 @@ def iteration_costs(
     alone; γ ≥ 1 is an iteration, γ draft steps + one target call on γ+1 tokens + the
     loop's own work.
 
-    The model: T_target(k) = target_step_s·(1 + target_slope·(k − 1)), a draft step
-    draft_c·target_step_s. ``measured_s``: per-step times measured at some γ; those
-    are used as they are, and each unmeasured γ ≥ 1 takes the model's figure scaled by
-    measured / model at the nearest measured γ ≥ 1 (so the curve's shape comes from the
-    model and its level from measurement).
+    The model: T_target(k) = target_step_s·(1 + target_slope·(k − 1)) (``target_step_s``
+    is the target's call on one token), a draft step draft_c·target_step_s, and
+    ``overhead_s``, the loop's own work per step (sampling, commit, the host), which
+    the target decoding alone pays as well: γ = 0 costs target_step_s + overhead_s.
+    ``measured_s``: per-step times measured at some γ; those are used as they are, and
+    each unmeasured γ ≥ 1 takes the model's figure scaled by measured / model at the
+    nearest measured γ ≥ 1 (so the curve's shape comes from the model and its level
+    from measurement).
     """
     if gamma_max < 0:
         raise ValueError(f"gamma_max must be >= 0, got {gamma_max}")
@@ -240,7 +243,7 @@ def iteration_costs(
 
     def model(g: int) -> float:
         if g == 0:
-            return target_step_s
+            return target_step_s + overhead_s
         target = target_step_s * (1.0 + target_slope * g)
         return target + g * draft_c * target_step_s + overhead_s
 

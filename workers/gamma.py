@@ -174,24 +174,24 @@ class AdaptiveGamma:
     def _costs(self, rows: int) -> dict[int, float]:
         slope = self.prior.slope_at(rows)
         measured = {g: s / n for g, (s, n) in self._time.items() if n > 0}
-        target_step = measured.get(0)
-        if target_step is None and measured:  # infer a target step from the nearest γ
-            g = min(measured)
-            model = theory.iteration_costs(
-                g,
-                target_step_s=1.0,
-                draft_c=self._c(),
-                target_slope=slope,
-                overhead_s=self.prior.overhead,
-            )
-            target_step = measured[g] / model[g]
-        target_step = target_step or 1.0
-        return theory.iteration_costs(
+        # in units of the target's call on one token, the loop's work included
+        unit = theory.iteration_costs(
             self.gamma_max,
-            target_step_s=target_step,
+            target_step_s=1.0,
             draft_c=self._c(),
             target_slope=slope,
-            overhead_s=self.prior.overhead * target_step,
+            overhead_s=self.prior.overhead,
+        )
+        call = 1.0  # seconds of that call: from the measured γ nearest 0, if any
+        if measured:
+            g = min(measured)
+            call = measured[g] / unit[g]
+        return theory.iteration_costs(
+            self.gamma_max,
+            target_step_s=call,
+            draft_c=self._c(),
+            target_slope=slope,
+            overhead_s=self.prior.overhead * call,
             measured_s=measured,
         )
 
