@@ -15,7 +15,7 @@ Jobs (``--jobs`` picks some):
 - ``translate``: the Debian pair (``ende_target_debian`` + ``--draft``, by default
   make run's ``ende_draft_debian``) on ``assets/samples/en_de_debian_sample.tsv`` =
   ``make run``, through Ray and in-process, γ auto and γ = 1, 2, 3 (the sweep the auto
-  choice is compared with);
+  choice is compared with; γ = 1 through Ray too, for Ray against in-process);
 - ``summarize``: the summarizer pair (``summ_target`` + ``summ_draft``) on
   ``assets/data/summaries/test_sample.jsonl``, and with the copy draft, γ auto.
 
@@ -63,6 +63,7 @@ def jobs(translate_draft: str = DEFAULT_DRAFT) -> dict[str, tuple[str, tuple[str
     return {
         "translate ray auto": ("translate", (*translate, *RAY)),
         "translate inprocess auto": ("translate", (*translate, *INPROCESS)),
+        "translate ray γ=1": ("translate", (*translate, *RAY, "--gamma", "1")),
         "translate inprocess γ=1": ("translate", (*translate, *INPROCESS, "--gamma", "1")),
         "translate inprocess γ=2": ("translate", (*translate, *INPROCESS, "--gamma", "2")),
         "translate inprocess γ=3": ("translate", (*translate, *INPROCESS, "--gamma", "3")),
