@@ -160,8 +160,9 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
         "--draft-placement",
         choices=DRAFT_PLACEMENTS,
         default=DEFAULT_DRAFT_PLACEMENT,
-        help="ray: host the draft in the coordinator's actor (one call per iteration) "
-        "or in its own actor (two calls)",
+        help="ray: host the draft in the coordinator's actor (one call per iteration), "
+        "in its own actor (two calls) or in the target's actor (the batch's whole loop "
+        "compiled there: one call per batch; for one host)",
     )
     add(
         "--transport",

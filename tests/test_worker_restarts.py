@@ -131,6 +131,33 @@ def test_a_killed_worker_comes_back_and_the_outputs_are_identical(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_killed_target_hosting_the_draft_comes_back_and_the_outputs_are_identical(
+    ray_local, temperature
+):
+    """``draft_placement="target"``: the target's actor runs each batch's whole loop, so
+    its death loses the batch, which runs again on the restarted actor (its draft
+    loaded again there) with the same tokens."""
+    ray = ray_local
+    engine = _engine(temperature, draft_placement="target")
+    before = ray.get(engine.target.pid.remote())
+
+    def kill(index):
+        if index == 1:  # dies as the second batch's call starts
+            ray.get(engine.target.kill_after.remote(1))
+
+    try:
+        got = _batches(engine, _requests(), kill)
+        after = ray.get(engine.target.pid.remote())
+        restarts = engine.restarts()
+    finally:
+        engine.close()
+    _same_generations(got, _uninterrupted(temperature))
+    assert before != after
+    assert restarts == {"target": 1, "draft": 0, "coordinator": 0}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_killed_coordinator_and_its_draft_come_back_and_the_outputs_are_identical(
     ray_local, temperature
 ):

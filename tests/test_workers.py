@@ -119,6 +119,42 @@ def test_ray_workers_equal_inprocess(ray_local, temperature, placement, transpor
     assert traffic["bytes_per_iteration"] < rows * 4 * VOCAB * (gamma + 1)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_draft_in_the_targets_actor_equals_inprocess(ray_local, temperature):
+    """``draft_placement="target"``: each batch's whole loop runs compiled in the
+    target's actor; the same tokens and counts as in-process, nothing crosses per
+    iteration, and the draft reports the target's node."""
+    from workers.coordinator import RayEngine
+
+    settings = DecodeSettings(
+        gamma=3,
+        sampling=SamplingConfig(temperature=temperature),
+        seed=5,
+        max_new_tokens=12,
+        batch_size=2,
+    )
+    reqs = _requests(4, offset=10)
+    local = _inprocess(settings)
+    engine = RayEngine(
+        ModelSpec(name="target", family="t5", config=CONFIG, init_seed=0),
+        ModelSpec(name="draft", family="t5", config=CONFIG, init_seed=1),
+        settings,
+        config=EngineConfig(kind="ray", draft_placement="target"),
+    )
+    try:
+        remote = engine.generate(reqs[:2]) + engine.generate(reqs[2:])
+        traffic, placement = engine.traffic(), engine.placement()
+    finally:
+        engine.close()
+    expected = local.generate(reqs[:2]) + local.generate(reqs[2:])
+    assert [g.tokens for g in remote] == [g.tokens for g in expected]
+    assert [g.accepted for g in remote] == [g.accepted for g in expected]
+    assert sum(g.drafted for g in remote) > 0
+    assert traffic["iterations"] == 0 and traffic["bytes"] == 0
+    assert placement["draft"] == placement["target"] is not None
+    assert engine.transport.startswith("none")
+
+
 def test_sparse_rows_round_trip_sends_only_the_support():
     from workers.model_worker import dense_rows, sparse_rows
 

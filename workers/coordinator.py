@@ -46,7 +46,9 @@ class SpeculativeCoordinator(recovery.Restartable):
     The draft is either another actor (``draft``) or, with ``draft_spec``, a
     :class:`~workers.model_worker.ModelWorker` in this actor's own process
     (co-located): then each iteration is one round trip, to the target, and the
-    draft's recover-and-propose runs here between them.
+    draft's recover-and-propose runs here between them. With ``in_target`` the draft
+    of ``draft_spec`` lives in the target's actor instead, and a batch is one call
+    there (:meth:`ModelWorker.generate_with_draft`), retried whole after a death.
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class SpeculativeCoordinator(recovery.Restartable):
         max_batch_failures: int = recovery.DEFAULT_MAX_BATCH_FAILURES,
         restart_timeout_s: float = recovery.DEFAULT_RESTART_TIMEOUT_S,
         channel_secret: bytes | None = None,
+        in_target: bool = False,
     ):
         import ray
 
@@ -66,11 +69,14 @@ class SpeculativeCoordinator(recovery.Restartable):
         self.target = target
         self.draft = draft
         self.local_draft = None
-        if draft_spec is not None:
+        self.in_target = draft_spec if in_target else None  # the spec the target hosts
+        if in_target:
+            transport = "ray"  # nothing crosses per iteration: no channel to open
+        elif draft_spec is not None:
             from workers.model_worker import ModelWorker
 
             self.local_draft = ModelWorker(draft_spec)
-        if (draft is None) == (self.local_draft is None):
+        if (draft is None) == (self.local_draft is None and self.in_target is None):
             raise ValueError("give exactly one of a draft actor and draft_spec")
         self.traffic_bytes = 0
         self.iterations = 0
@@ -125,6 +131,9 @@ class SpeculativeCoordinator(recovery.Restartable):
         self._draft_channel = clients.get("draft")
 
     def draft_info(self) -> dict:
+        if self.in_target is not None:
+            info = self._ray.get(self.target.host_draft.remote(self.in_target))
+            return {**info, "transport": "none: the draft is in the target's actor"}
         if self.local_draft is not None:
             info = self.local_draft.info()
         else:
@@ -185,6 +194,10 @@ class SpeculativeCoordinator(recovery.Restartable):
         A worker that dies mid-batch costs only the iteration in flight: the batch
         resumes from its last committed state once the worker is back.
         """
+        if self.in_target is not None:  # one call: the loop runs in the target's actor
+            call = self.target.generate_with_draft.remote
+            result = self._retrying(lambda: self._ray.get(call(batch, settings, self.in_target)))
+            return result, dict(self.restarts)
         batch_id = uuid.uuid4().hex
         start = time.perf_counter()
         state = recovery.initial_state(batch, settings)
@@ -307,7 +320,8 @@ class RayEngine:
     ``config`` (:class:`workers.engine.EngineConfig`, validated there) gives the Ray
     address to join and: ``draft_placement``: ``"worker"`` puts the draft in its own
     actor (two calls per iteration); ``"coordinator"`` hosts it in the coordinator's
-    actor, placed with the draft's resources (one call per iteration, to the target).
+    actor, placed with the draft's resources (one call per iteration, to the target);
+    ``"target"`` in the target's actor, which runs each batch's whole loop compiled.
     Nodes that offer a ``target`` / ``draft`` resource host that role
     (:func:`workers.spec.role_options`); :meth:`placement` says where each ran.
     Either way the draft and the target are separate processes and give the same
@@ -372,9 +386,13 @@ class RayEngine:
                 **failures,
             )
         else:
-            self.coordinator = coordinator.options(**draft_options).remote(
+            in_target = draft_placement == "target"
+            self.coordinator = coordinator.options(
+                **({"num_cpus": 0} if in_target else draft_options)
+            ).remote(
                 None,
                 self.target,
+                in_target=in_target,
                 draft_spec=draft,
                 transport=transport,
                 channel_secret=self._channel_secret,
@@ -460,6 +478,8 @@ class RayEngine:
         None for an actor that is gone)."""
         draft = self.coordinator if self.draft is None else self.draft
         hosts = {"target": self.target, "draft": draft}
+        if self.draft_placement == "target":
+            hosts["draft"] = self.target
         return {role: spec.actor_node_id(actor) for role, actor in hosts.items()}
 
     def close(self) -> None:

@@ -121,6 +121,7 @@ class ModelWorker(recovery.Restartable):
         self._caches: dict[str, Any] = {}
         self._proposals: dict[str, tuple[jax.Array, jax.Array]] = {}  # tokens, full q
         self._channel = None
+        self._draft: ModelWorker | None = None  # a draft hosted here (host_draft)
 
     def open_channel(self, secret: bytes) -> tuple[str, int]:
         """Starts (once) the direct channel for the loop's calls; returns its address.
@@ -213,6 +214,25 @@ class ModelWorker(recovery.Restartable):
         for result in chained:
             args += tuple(wire.loads(result))
         return wire.dumps(getattr(self, method)(*args))
+
+    def host_draft(self, spec: ModelSpec) -> dict:
+        """Loads ``spec`` beside this worker's model (once; ``draft_placement="target"``)
+        and returns its :meth:`info`."""
+        if self._draft is None or self._draft.spec != spec:
+            self._draft = ModelWorker(spec)
+        return self._draft.info()
+
+    def generate_with_draft(
+        self, batch, settings: DecodeSettings, spec: ModelSpec
+    ) -> decoding.DecodeResult:
+        """One packed batch through the whole speculative loop in this process, compiled
+        (:func:`workers.engine.decode_speculative`), with the draft :meth:`host_draft`
+        loaded here: no call crosses a process until the batch is done."""
+        from workers.engine import decode_speculative
+
+        self._step()  # (kill_after: a test's fault)
+        self.host_draft(spec)
+        return decode_speculative(self.model, self._draft.model, batch, settings, compiled=True)
 
     def generate_alone(self, batch, settings: DecodeSettings) -> decoding.DecodeResult:
         """Target-only decoding of a packed batch, for the baseline of a job."""

@@ -11,9 +11,11 @@ from typing import Any
 # Where a job's engine runs (workers.engine.EngineConfig.kind, the --workers flag): the
 # models in Ray actors (workers.coordinator.RayEngine) or in the calling process.
 ENGINE_KINDS = ("ray", "inprocess")
-# Where a Ray job hosts the draft: in the coordinator's actor (one call per iteration)
-# or in an actor of its own (two calls). workers.coordinator.RayEngine reads it.
-DRAFT_PLACEMENTS = ("worker", "coordinator")
+# Where a Ray job hosts the draft: in the coordinator's actor (one call per iteration),
+# in an actor of its own (two calls), or in the target's actor, where the whole loop of
+# a batch runs compiled (one call per batch: for one host, where crossing processes
+# every iteration costs more than the draft). workers.coordinator.RayEngine reads it.
+DRAFT_PLACEMENTS = ("worker", "coordinator", "target")
 DEFAULT_DRAFT_PLACEMENT = "coordinator"
 # How the loop's per-iteration calls travel: a direct TCP channel from the coordinator
 # to each worker's process (workers.channel), or Ray actor calls.
