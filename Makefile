@@ -23,10 +23,12 @@ install: $(STAMP)
 
 ## The main job (see README): offline En->De speculative translation of the shipped
 ## sample on the embedded pair, with the target alone on the same records for the
-## speedup, logged to MLflow (runs/mlflow.db).
+## speedup, logged to MLflow (runs/mlflow.db). Both models in the target's Ray actor,
+## which runs each batch's loop compiled (--draft-placement target: on one host that
+## beats crossing processes every iteration; BENCHMARKS.md "bfloat16 matmuls").
 run: $(RUN_STAMP)
 	$(BIN)/specdec translate --input assets/samples/en_de_debian_sample.tsv \
-	    --target ende_target_debian --draft ende_draft_debian \
+	    --target ende_target_debian --draft ende_draft_debian --draft-placement target \
 	    --output runs/translate/sample.jsonl --compare-baseline \
 	    --summary-json runs/translate/sample.summary.json
 

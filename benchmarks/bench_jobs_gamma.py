@@ -15,7 +15,9 @@ Jobs (``--jobs`` picks some):
 - ``translate``: the Debian pair (``ende_target_debian`` + ``--draft``, by default
   make run's ``ende_draft_debian``) on ``assets/samples/en_de_debian_sample.tsv`` =
   ``make run``, through Ray and in-process, γ auto and γ = 1, 2, 3 (the sweep the auto
-  choice is compared with; γ = 1 through Ray too, for Ray against in-process);
+  choice is compared with; γ = 1 through Ray too, for Ray against in-process), and
+  through Ray with the draft in the target's actor (``--draft-placement target``, make
+  run's), auto and γ = 1;
 - ``summarize``: the summarizer pair (``summ_target`` + ``summ_draft``) on
   ``assets/data/summaries/test_sample.jsonl``, and with the copy draft, γ auto.
 
@@ -39,6 +41,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 INPROCESS = ("--workers", "inprocess")
 RAY = ("--workers", "ray")
+IN_TARGET = ("--draft-placement", "target")  # make run's: the loop compiled in the target's actor
 DEFAULT_DRAFT = "ende_draft_debian"  # make run's draft
 
 
@@ -64,6 +67,10 @@ def jobs(translate_draft: str = DEFAULT_DRAFT) -> dict[str, tuple[str, tuple[str
         "translate ray auto": ("translate", (*translate, *RAY)),
         "translate inprocess auto": ("translate", (*translate, *INPROCESS)),
         "translate ray γ=1": ("translate", (*translate, *RAY, "--gamma", "1")),
+        "translate ray-in-target auto": ("translate", (*translate, *RAY, *IN_TARGET)),
+        "translate ray-in-target γ=1": (
+            "translate", (*translate, *RAY, *IN_TARGET, "--gamma", "1")
+        ),
         "translate inprocess γ=1": ("translate", (*translate, *INPROCESS, "--gamma", "1")),
         "translate inprocess γ=2": ("translate", (*translate, *INPROCESS, "--gamma", "2")),
         "translate inprocess γ=3": ("translate", (*translate, *INPROCESS, "--gamma", "3")),
