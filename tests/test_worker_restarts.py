@@ -85,6 +85,19 @@ def _same_generations(got, expected) -> None:
         assert [getattr(g, field) for g in got] == [getattr(g, field) for g in expected], field
 
 
+def _decode_with_kills(ray, engine, watched, kill):
+    """Decodes ``_requests()`` with ``kill(index)`` before each batch, then closes the
+    engine: (generations, whether ``watched`` is a new process now, engine.restarts())."""
+    before = ray.get(watched.pid.remote())
+    try:
+        got = _batches(engine, _requests(), kill)
+        after = ray.get(watched.pid.remote())
+        restarts = engine.restarts()
+    finally:
+        engine.close()
+    return got, before != after, restarts
+
+
 def _engine(temperature, *, draft_placement="coordinator", transport="socket", **options):
     from workers.coordinator import RayEngine
 
@@ -139,20 +152,14 @@ def test_a_killed_target_hosting_the_draft_comes_back_and_the_outputs_are_identi
     loaded again there) with the same tokens."""
     ray = ray_local
     engine = _engine(temperature, draft_placement="target")
-    before = ray.get(engine.target.pid.remote())
 
     def kill(index):
         if index == 1:  # dies as the second batch's call starts
             ray.get(engine.target.kill_after.remote(1))
 
-    try:
-        got = _batches(engine, _requests(), kill)
-        after = ray.get(engine.target.pid.remote())
-        restarts = engine.restarts()
-    finally:
-        engine.close()
+    got, replaced, restarts = _decode_with_kills(ray, engine, engine.target, kill)
     _same_generations(got, _uninterrupted(temperature))
-    assert before != after
+    assert replaced
     assert restarts == {"target": 1, "draft": 0, "coordinator": 0}
 
 
@@ -166,7 +173,6 @@ def test_a_killed_coordinator_and_its_draft_come_back_and_the_outputs_are_identi
     target's restart counted by the dead coordinator is not lost."""
     ray = ray_local
     engine = _engine(temperature)  # draft_placement="coordinator"
-    before = ray.get(engine.coordinator.pid.remote())
 
     def kill(index):
         if index == 0:
@@ -174,14 +180,9 @@ def test_a_killed_coordinator_and_its_draft_come_back_and_the_outputs_are_identi
         if index == 1:
             ray.get(engine.coordinator.kill_after.remote(3))
 
-    try:
-        got = _batches(engine, _requests(), kill)
-        after = ray.get(engine.coordinator.pid.remote())
-        restarts = engine.restarts()
-    finally:
-        engine.close()
+    got, replaced, restarts = _decode_with_kills(ray, engine, engine.coordinator, kill)
     _same_generations(got, _uninterrupted(temperature))
-    assert before != after
+    assert replaced
     assert restarts == {"target": 1, "draft": 0, "coordinator": 1}
 
 

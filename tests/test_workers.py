@@ -71,6 +71,28 @@ def test_inprocess_greedy_equals_baseline_and_rejects_vocab_mismatch():
         InProcessEngine(engine.target, bound.load_model("d", "t5", other), settings)
 
 
+def _ray_settings(temperature: float) -> DecodeSettings:
+    return DecodeSettings(
+        gamma=3,
+        sampling=SamplingConfig(temperature=temperature),
+        seed=5,
+        max_new_tokens=12,
+        batch_size=2,
+    )
+
+
+def _ray_engine(settings: DecodeSettings, **config):
+    """A RayEngine of the random target and draft with ``EngineConfig(**config)``."""
+    from workers.coordinator import RayEngine
+
+    return RayEngine(
+        ModelSpec(name="target", family="t5", config=CONFIG, init_seed=0),
+        ModelSpec(name="draft", family="t5", config=CONFIG, init_seed=1),
+        settings,
+        config=EngineConfig(kind="ray", **config),
+    )
+
+
 @pytest.mark.parametrize(
     "temperature,placement,transport",
     [
@@ -82,23 +104,10 @@ def test_inprocess_greedy_equals_baseline_and_rejects_vocab_mismatch():
     ],
 )
 def test_ray_workers_equal_inprocess(ray_local, temperature, placement, transport):
-    from workers.coordinator import RayEngine
-
-    settings = DecodeSettings(
-        gamma=3,
-        sampling=SamplingConfig(temperature=temperature),
-        seed=5,
-        max_new_tokens=12,
-        batch_size=2,
-    )
+    settings = _ray_settings(temperature)
     reqs = _requests(4, offset=10)
     local = _inprocess(settings)
-    engine = RayEngine(
-        ModelSpec(name="target", family="t5", config=CONFIG, init_seed=0),
-        ModelSpec(name="draft", family="t5", config=CONFIG, init_seed=1),
-        settings,
-        config=EngineConfig(kind="ray", draft_placement=placement, transport=transport),
-    )
+    engine = _ray_engine(settings, draft_placement=placement, transport=transport)
     assert engine.transport == transport  # the direct channel connected (no fallback)
     try:
         remote = engine.generate(reqs[:2]) + engine.generate(reqs[2:])
@@ -124,23 +133,10 @@ def test_a_draft_in_the_targets_actor_equals_inprocess(ray_local, temperature):
     """``draft_placement="target"``: each batch's whole loop runs compiled in the
     target's actor; the same tokens and counts as in-process, nothing crosses per
     iteration, and the draft reports the target's node."""
-    from workers.coordinator import RayEngine
-
-    settings = DecodeSettings(
-        gamma=3,
-        sampling=SamplingConfig(temperature=temperature),
-        seed=5,
-        max_new_tokens=12,
-        batch_size=2,
-    )
+    settings = _ray_settings(temperature)
     reqs = _requests(4, offset=10)
     local = _inprocess(settings)
-    engine = RayEngine(
-        ModelSpec(name="target", family="t5", config=CONFIG, init_seed=0),
-        ModelSpec(name="draft", family="t5", config=CONFIG, init_seed=1),
-        settings,
-        config=EngineConfig(kind="ray", draft_placement="target"),
-    )
+    engine = _ray_engine(settings, draft_placement="target")
     try:
         remote = engine.generate(reqs[:2]) + engine.generate(reqs[2:])
         traffic, placement = engine.traffic(), engine.placement()
