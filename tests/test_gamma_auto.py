@@ -287,7 +287,9 @@ def test_a_drafts_config_gives_auto_gamma_its_prior(tmp_path):
     from workers.engine import EngineConfig, build_engine
 
     draft = model_resolver.resolve_model("ende_draft_debian_kd", role="draft").spec
-    assert draft.gamma_prior == GammaPrior(alpha=0.33, draft_c=0.02, target_slope=0.0, overhead=0.3)
+    assert draft.gamma_prior == GammaPrior(
+        alpha=0.33, draft_c=0.02, target_slope=0.03, overhead=0.3
+    )
     # With that prior the first batch drafts: verifying 2 tokens costs what 1 does. With
     # the same figures and a call that costs its length, it is the target alone.
     assert AdaptiveGamma(4, prior=draft.gamma_prior).choose() >= 1
