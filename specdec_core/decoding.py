@@ -158,7 +158,11 @@ def _init_state_fn(width: int, gamma: int):
 @functools.lru_cache(maxsize=COMPILED_CACHE_SIZE)
 def prefill_fn(forward: Forward):
     """``(cache, prompt_tokens [B, P], prompt_lengths [B]) -> cache``: writes the prompt
-    from position 0 and keeps all but its last token (the pending one)."""
+    from position 0 and keeps all but its last token (the pending one).
+
+    Prompts of one token (an encoder-decoder's start token: every translation and
+    summary) leave nothing to keep, so no model call is made: the cache is emptied
+    (a call would write slot 0 and then drop it; it cost a decode step per batch)."""
 
     def make(forward):
         def prefill(cache, prompt_tokens, prompt_lengths):
@@ -167,7 +171,14 @@ def prefill_fn(forward: Forward):
 
         return prefill
 
-    return jit_over(make, (forward,))
+    compiled = jit_over(make, (forward,))
+
+    def prefill(cache, prompt_tokens, prompt_lengths):
+        if int(np.max(np.asarray(prompt_lengths))) == 1:
+            return rollback(cache, np.zeros(prompt_tokens.shape[:1], np.int32))
+        return compiled(cache, prompt_tokens, prompt_lengths)
+
+    return prefill
 
 
 def _commit_block(

@@ -124,3 +124,45 @@ def test_an_unknown_matmul_dtype_is_named():
         t5.T5Config(matmul_dtype="int8")
     with pytest.raises(ValueError, match="matmul_dtype must be one of"):
         dataclasses.replace(registry.get_config("gpt_tiny_test"), matmul_dtype="int8")
+
+
+def test_a_decode_step_never_widens_the_embedding_table(bound):
+    """A token lookup gathers the table's bit patterns (``Bfloat16Weight.bits``): from
+    the bfloat16 table XLA's CPU backend widened (or copied) all of it, once per program
+    run, before gathering a row (1-4 ms per decode loop for a 16k x 512 table)."""
+    model, _ = bound
+    table = model.forward.args[0]["token_embedder"]["embedding"]
+    assert table.bits is not None and table.bits.dtype == jnp.uint16
+    encoder, tokens = _inputs(1)
+    cache = model.new_cache(encoder, 1, TOKENS + 1)
+    step = decoding.jit_over(lambda forward: forward, (model.forward,))
+    hlo = step.func.lower(step.args[0], cache, jnp.asarray(tokens[:, :1])).compile().as_text()
+    shape = f"[{CONFIG.vocab_size},{CONFIG.emb_dim}]"
+    # any instruction that makes a whole table: a widened or copied one (the matmul
+    # against the tied table reads the parameter itself)
+    made = [
+        line.strip()
+        for line in hlo.splitlines()
+        if " = " in line
+        and shape in line.split(" = ", 1)[1].split(" ", 1)[0]
+        and "parameter(" not in line
+    ]
+    assert made == []
+
+
+def test_a_one_token_prompt_is_prefilled_without_a_model_call(bound):
+    """An encoder-decoder's prompt is its start token: nothing before it to keep, so no
+    call (it cost a decode step per batch); a longer prompt still calls the model."""
+    model, _ = bound
+    encoder, tokens = _inputs(2)
+    calls = []
+
+    def counting(cache, fed):
+        calls.append(fed.shape)
+        return model.forward(cache, fed)
+
+    prefill = decoding.prefill_fn(counting)
+    cache = prefill(model.new_cache(encoder, 2, TOKENS + 1), tokens[:, :4], np.array([1, 1]))
+    assert calls == [] and np.asarray(cache.lengths).tolist() == [0, 0]
+    cache = prefill(model.new_cache(encoder, 2, TOKENS + 1), tokens[:, :4], np.array([1, 3]))
+    assert calls == [(2, 4)] and np.asarray(cache.lengths).tolist() == [0, 2]

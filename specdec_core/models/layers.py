@@ -97,10 +97,18 @@ class Bfloat16Weight:
     """
 
     bf16: jax.Array
+    # A token embedding's rows as their 16-bit patterns, for lookups (:func:`embed`).
+    # XLA's CPU backend gathers no bfloat16: from ``bf16`` it widened (or, bitcast
+    # inside the program, copied) the whole table once per program run, 1-4 ms for a
+    # 16k x 512 table, on every batch and decode loop.
+    bits: jax.Array | None = None
 
     @classmethod
-    def of(cls, weight: jax.Array) -> Bfloat16Weight:
-        return cls(bf16=jnp.asarray(weight).astype(jnp.bfloat16))
+    def of(cls, weight: jax.Array, *, table: bool = False) -> Bfloat16Weight:
+        """``weight`` rounded to bfloat16; ``table``: also its rows' bit patterns."""
+        bf16 = jnp.asarray(weight).astype(jnp.bfloat16)
+        bits = jax.lax.bitcast_convert_type(bf16, jnp.uint16) if table else None
+        return cls(bf16=bf16, bits=bits)
 
     def contract(self, x: jax.Array, axis: int) -> jax.Array:
         """x [..., n] contracted with this weight's dimension ``axis`` (of size n),
@@ -127,7 +135,9 @@ def matmul_weights(params: Params, matmul_dtype: str) -> Params:
         if not isinstance(tree, Mapping):
             return tree
         return {
-            key: Bfloat16Weight.of(value) if key in ("kernel", "embedding") else convert(value)
+            key: Bfloat16Weight.of(value, table=key == "embedding")
+            if key in ("kernel", "embedding")
+            else convert(value)
             for key, value in tree.items()
         }
 
@@ -149,6 +159,9 @@ def dense(params: Params, x: jax.Array, *, dtype=None) -> jax.Array:
 
 def embed(embedding: jax.Array | Bfloat16Weight, tokens: jax.Array, *, dtype) -> jax.Array:
     """Token lookup: embedding [V, E], tokens int [...] -> [..., E] in ``dtype``."""
+    if isinstance(embedding, Bfloat16Weight) and embedding.bits is not None:
+        rows = jnp.take(embedding.bits, tokens, axis=0)  # see Bfloat16Weight.bits
+        return jax.lax.bitcast_convert_type(rows, jnp.bfloat16).astype(dtype)
     if isinstance(embedding, Bfloat16Weight):
         embedding = embedding.bf16
     return jnp.take(embedding, tokens, axis=0).astype(dtype)
