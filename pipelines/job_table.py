@@ -13,9 +13,11 @@ def _step_costs_line(costs: dict | None) -> str:
     if not costs:
         return "n/a"
     target = ", ".join(f"k={k} {v:.2f}" for k, v in costs["target"].items())
+    fixed = costs.get("batch_fixed")
     return (
         f"target {target}; draft step {costs['draft_step']:.2f}; "
         f"loop {costs['loop_per_step']:.2f} per step"
+        + ("" if fixed is None else f"; encoder and setup {fixed:.2f} per batch")
     )
 
 
@@ -60,6 +62,7 @@ def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
         ("  predicted from α", _fmt(summary["predicted_tokens_per_iteration"])),
         ("acceptance by position", _fmt(summary["acceptance_by_position"])),
         ("cost coefficient c (est.)", _fmt(summary["c_estimate"])),
+        ("  a drafted token in the loop", _fmt(summary.get("draft_c_loop"))),
         ("predicted speedup (costs)", _fmt(summary.get("predicted_speedup"))),
         ("  measured / predicted", _fmt(summary.get("efficiency"))),
         ("  target alone at its call", _fmt(summary.get("baseline_at_limit"))),

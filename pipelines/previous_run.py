@@ -2,7 +2,8 @@
 
 A job with ``--compare-baseline`` logs its α and its timed model calls
 (``step_cost_*_ms`` metrics: the target on 1 and γ+1 tokens, a draft step, the loop's
-own work per step). The next run of the same job — same kind, models and checkpoints,
+own work per step; ``draft_c_loop``, a drafted token's cost inside the loop). The next
+run of the same job — same kind, models and checkpoints,
 batch size, temperature and engine — starts its γ policy from those figures instead of
 the draft config's ``gamma_prior:`` (which holds figures measured once, on one
 machine, at batch 1). What the earlier run did not measure (α when it never left
@@ -68,6 +69,9 @@ def gamma_prior(
     if metrics.get("alpha") is None and not costs["target"]:
         return base, None
     prior = (base or GammaPrior()).measured(
-        alpha=metrics.get("alpha"), step_costs_ms=costs, rows=rows
+        alpha=metrics.get("alpha"),
+        step_costs_ms=costs,
+        rows=rows,
+        draft_c_loop=metrics.get("draft_c_loop"),
     )
     return prior, run.info.run_id

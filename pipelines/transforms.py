@@ -73,6 +73,10 @@ class FormatFn(_VocabFn):
         return output_row(item, self.processor, self.eos_id)
 
 
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
 def output_row(item: Decoded, processor, eos_id: int | None) -> dict:
     """The output JSONL row of one decoded record."""
     record, generation = item.record, item.generation
@@ -88,6 +92,7 @@ def output_row(item: Decoded, processor, eos_id: int | None) -> dict:
         "iterations": generation.iterations,
         "accepted": generation.accepted,
         "wall_ms": round(generation.batch_wall_ms, 3),
+        "loop_ms": _ms(generation.batch_loop_ms),
         "drafted": generation.drafted,
         "accepted_by_position": generation.accepted_by_position,
         "output_ids": list(generation.tokens),
@@ -98,6 +103,7 @@ def output_row(item: Decoded, processor, eos_id: int | None) -> dict:
             "baseline_output": text.decode(processor, item.baseline.tokens, eos_id),
             "baseline_tokens": len(item.baseline.tokens),
             "baseline_wall_ms": round(item.baseline.batch_wall_ms, 3),
+            "baseline_loop_ms": _ms(item.baseline.batch_loop_ms),
             "matches_baseline": list(item.baseline.tokens) == list(generation.tokens),
         }
     return row

@@ -151,6 +151,49 @@ def test_policy_follows_the_measured_acceptance_and_costs():
     assert policy.choose() == 1
 
 
+def test_the_loops_own_steps_price_the_blocks_not_yet_run():
+    """A compiled loop does not time its draft calls apart: the draft's c comes from its
+    measured steps. Priced with the draft call's own cost (the prior's c = 0.03) longer
+    blocks looked cheap, and the job ran γ = 3-4 where γ = 1 was the fastest."""
+    prior = GammaPrior(alpha=0.4, draft_c=0.03, target_slope=0.0, overhead=0.3)
+    policy = AdaptiveGamma(4, prior=prior)
+    assert policy.fitted_c() is None  # nothing measured: the prior's c
+    _observe(policy, 0, per_position=[], seconds_per_step=1.3)  # a call + the loop's 0.3
+    _observe(policy, 1, per_position=[0.4], iterations=400, seconds_per_step=1.5)
+    assert policy.fitted_c() == pytest.approx(0.2)  # (1.5 - 1.3) / 1 call per drafted token
+    assert policy.costs()[3] == pytest.approx(1.3 + 3 * 0.2)
+    assert policy.choose() == 1
+    # a γ = 1 step measured below γ = 0's (noise; the first drafted token nearly free)
+    # fits c = 0, never a negative cost
+    noisy = AdaptiveGamma(4, prior=prior)
+    _observe(noisy, 0, per_position=[], seconds_per_step=1.3)
+    _observe(noisy, 1, per_position=[0.4], seconds_per_step=1.25)
+    assert noisy.fitted_c() == 0.0
+
+
+def test_the_policy_times_a_batchs_loop_not_its_encoder():
+    """γ changes only the loop: a batch's encoder and prefill, in its wall time, would
+    be spread over fewer steps at longer blocks and make them look dear."""
+    policy = AdaptiveGamma(2, warm_up=False)
+    batch = pack(_requests(1), DecodeSettings(gamma=2, max_new_tokens=8, batch_size=1))
+
+    def result(loop_s):
+        ones = np.ones(1, np.int32)
+        return decoding.DecodeResult(
+            tokens=np.zeros((1, 8), np.int32), lengths=ones * 8, iterations=ones * 8,
+            drafted=ones * 0, accepted=ones * 0, accepted_by_position=np.zeros((1, 0), np.int32),
+            draft_s=0.0, target_s=0.0, overhead_s=0.0, total_s=1.0, loop_s=loop_s,
+        )  # fmt: skip
+
+    for _ in range(2):  # the first batch of a shape compiles: not timed
+        policy.decode_baseline(batch, lambda: result(0.4))
+    assert policy.costs()[0] == pytest.approx(0.4 / 8)
+    policy = AdaptiveGamma(2, warm_up=False)
+    for _ in range(2):  # an engine that does not time its loop: the wall time
+        policy.decode_baseline(batch, lambda: result(float("nan")))
+    assert 0.0 < policy.costs()[0] < 0.001  # the stand-in returns at once
+
+
 def test_policy_explores_once_in_a_while_while_position_1_is_untested():
     policy = AdaptiveGamma(3, prior=GammaPrior(alpha=0.0), explore_every=3, explore_tests=50)
     _observe(policy, 0, per_position=[])
@@ -552,7 +595,9 @@ def test_a_second_job_starts_from_the_first_ones_figures(workdir, models, tracki
     assert second["gamma_prior_run_id"] == first["mlflow_run_id"]
     costs = first["step_costs_ms"]
     step = costs["target"]["1"]
-    assert second["gamma_prior"]["draft_c"] == pytest.approx(costs["draft_step"] / step)
+    # a drafted token's cost as the first job's loop paid it (its loop is timed apart)
+    assert first["draft_c_loop"] is not None
+    assert second["gamma_prior"]["draft_c"] == pytest.approx(first["draft_c_loop"])
     assert second["gamma_prior"]["overhead"] == pytest.approx(costs["loop_per_step"] / step)
     growth = costs["target"]["2"] / step - 1.0  # at the job's 3 rows; k = 2 is always timed
     assert GammaPrior(**second["gamma_prior"]).slope_at(3) == pytest.approx(max(growth, 0.0))

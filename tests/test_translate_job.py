@@ -696,3 +696,41 @@ def test_summary_figures_from_rows():
     ) == pytest.approx(22 * 0.05 / (10 * 0.05 + 12 * 0.03))
     with pytest.raises(ValueError, match="no acceptance measured at position 3"):
         speculative_costs.predicted_tokens_speedup([0.8], {3: 12}, mixed)
+
+
+def test_the_prediction_speeds_up_the_loop_not_the_batches_fixed_work():
+    """Where the engine times its loops apart (``loop_ms``), a batch's encoder, prefill
+    and setup (its wall time beyond its loop) are charged to both sides as they are,
+    not per step; and a drafted token's cost is read from the loop's own iterations."""
+    rows = [
+        _row("1", "a", 100.0, 6, 2, 4, [2, 1, 1], 300.0, True),
+        _row("2", "a", 100.0, 4, 2, 2, [1, 1, 0], 300.0, True),
+        _row("3", "b", 80.0, 2, 1, 1, [1, 0, 0], 100.0, True),
+    ]
+    loops = zip(rows, (90.0, 90.0, 70.0), (240.0, 240.0, 80.0), strict=True)
+    for row, loop_ms, base_loop_ms in loops:
+        row |= {"loop_ms": loop_ms, "baseline_loop_ms": base_loop_ms}
+    summary = job_report.compute_summary(
+        rows, [], records_in=3, settings=DecodeSettings(gamma=3), compare_baseline=True,
+        quality_metric="bleu",
+    )  # fmt: skip
+    costs = theory.StepCosts(target_s={1: 0.03, 4: 0.035}, draft_step_s=0.004)
+    predicted = job_report.prediction(rows, summary, costs)
+    # the target alone's loops: 0.32 s for 8 steps (40 ms: a 30 ms call + 10 ms of the
+    # loop's work); its batches' fixed work 0.08 s. An iteration 3 x 4 + 35 + 10 = 57 ms
+    # for 2.4 tokens: the loop 40 / (57 / 2.4) faster; the job (0.08 + 0.32) / (0.08 +
+    # 0.32 / that)
+    in_loop = 0.04 / (0.057 / 2.4)
+    assert predicted["predicted_speedup"] == pytest.approx(0.4 / (0.08 + 0.32 / in_loop))
+    assert predicted["baseline_at_limit"] == pytest.approx(0.75)
+    assert predicted["step_costs_ms"]["loop_per_step"] == pytest.approx(10.0)
+    assert predicted["step_costs_ms"]["batch_fixed"] == pytest.approx(40.0)
+    # the loops at γ = 3: 0.16 s for 3 iterations; beyond the 40 ms target-alone step and
+    # the target's 5 ms for 3 more tokens, per drafted token, over the 30 ms call
+    assert predicted["draft_c_loop"] == pytest.approx((0.16 / 3 - 0.04 - 0.005) / (3 * 0.03))
+    # without loop times: the wall time per step, as before, and no draft_c_loop
+    for row in rows:
+        row["baseline_loop_ms"] = None
+    walled = job_report.prediction(rows, summary, costs)
+    assert walled["draft_c_loop"] is None and walled["step_costs_ms"]["batch_fixed"] is None
+    assert walled["baseline_at_limit"] == pytest.approx(0.03 / 0.05)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -66,6 +67,8 @@ class Generation:
     accepted: int  # drafted tokens accepted
     accepted_by_position: list[int]  # accepted count at each of the γ draft positions
     batch_wall_ms: float  # wall time of the batch this request was decoded in
+    # of which the decode loop alone (DecodeResult.loop_s); None where not measured
+    batch_loop_ms: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -134,6 +137,8 @@ def pack(requests: Sequence[Request], settings: DecodeSettings) -> PackedBatch:
 
 def unpack(batch: PackedBatch, result, *, wall_ms: float) -> list[Generation]:
     """One ``Generation`` per real request from a ``decoding.DecodeResult``."""
+    loop_s = getattr(result, "loop_s", float("nan"))
+    loop_ms = 1e3 * loop_s if math.isfinite(loop_s) else None
     return [
         Generation(
             id=request_id,
@@ -143,6 +148,7 @@ def unpack(batch: PackedBatch, result, *, wall_ms: float) -> list[Generation]:
             accepted=int(result.accepted[i]),
             accepted_by_position=[int(x) for x in result.accepted_by_position[i]],
             batch_wall_ms=wall_ms,
+            batch_loop_ms=loop_ms,
         )
         for i, request_id in enumerate(batch.ids)
     ]

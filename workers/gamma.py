@@ -5,9 +5,12 @@
 loop step from per-position acceptance β_i (:func:`theory.position_acceptance`) over
 the step's cost (:func:`theory.iteration_costs`), relative to the target decoding
 alone (γ = 0). After each batch the engine reports what it measured
-(:meth:`AdaptiveGamma.observe`): acceptance counts per position, and wall seconds per
-loop step of the batch (everything the batch cost, per-request work included, over
-its loop steps, so the ratio compares tokens per second).
+(:meth:`AdaptiveGamma.observe`): acceptance counts per position, and seconds per
+loop step of the batch: its decode loop's seconds where the engine times the loop apart
+(``DecodeResult.loop_s``), else its wall seconds, over its loop steps. A batch's encoder
+and prefill cost the same at any γ, so γ that minimises the loop's seconds per token
+maximises the batch's tokens per second; per step they only blurred the comparison
+(a γ with fewer steps carried a larger share of them).
 
 γ = 0 runs the target alone for that batch: the same tokens as the baseline (the
 baseline is the target). For γ ≥ 1 every iteration is Algorithm 1 at that γ; the
@@ -21,7 +24,9 @@ been tested, its β reads as the prior's α. While γ = 0 is the choice and posi
 has fewer than ``explore_tests`` tests, one batch in ``explore_every`` runs at γ = 1
 so that a pessimistic prior can be corrected, as long as γ = 1 may still pay (position
 1's acceptance at its upper confidence bound over the costs measured so far); later,
-γ = 0 is final.
+γ = 0 is final. The draft's c, once γ = 0 and a γ ≥ 1 are measured, is fitted to the
+loop's own steps (:meth:`AdaptiveGamma.fitted_c`): the γ not yet measured are priced
+with what a drafted token costs inside the loop, not what a draft call costs alone.
 
 The target's cost growth depends on the batch: a call scores rows·k tokens, so at
 batch 16 one more verified token per row adds 16 tokens of work to the call. The prior's
@@ -82,6 +87,7 @@ class GammaPrior:
         alpha: float | None = None,
         step_costs_ms: Mapping[str, Any] | None = None,
         rows: int = 1,
+        draft_c_loop: float | None = None,
     ) -> GammaPrior:
         """This prior with what an earlier run measured: its α, and from its timed
         calls (``step_costs_ms`` as a job's summary gives them, at ``rows`` rows) the
@@ -89,7 +95,9 @@ class GammaPrior:
         timed, the target's growth per token at batch 1 (:meth:`slope_at` inverted),
         from the fewest tokens timed: the first verified token's growth decides whether
         γ = 1 pays, and it is the dearest where the curve bends (on this CPU at batch 16
-        T(2), T(3), T(4) cost 1.95, 2.1, 2.3 T(1)). What it did not measure stays."""
+        T(2), T(3), T(4) cost 1.95, 2.1, 2.3 T(1)). ``draft_c_loop`` (the run's
+        ``draft_c_loop``: a drafted token's cost as its decode loop paid it) is the draft's
+        c where given, before the draft call timed alone. What it did not measure stays."""
         changes: dict[str, float] = {}
         if alpha is not None and math.isfinite(alpha):
             changes["alpha"] = min(max(float(alpha), 0.0), 1.0)
@@ -99,6 +107,8 @@ class GammaPrior:
         if step is not None and step > 0:
             if costs.get("draft_step") is not None:
                 changes["draft_c"] = max(float(costs["draft_step"]), 0.0) / step
+            if draft_c_loop is not None and math.isfinite(draft_c_loop):
+                changes["draft_c"] = max(float(draft_c_loop), 0.0)
             if costs.get("loop_per_step") is not None:
                 changes["overhead"] = max(float(costs["loop_per_step"]), 0.0) / step
             longer = sorted(k for k in target if k > 1)
@@ -174,11 +184,12 @@ class AdaptiveGamma:
     def _costs(self, rows: int) -> dict[int, float]:
         slope = self.prior.slope_at(rows)
         measured = {g: s / n for g, (s, n) in self._time.items() if n > 0}
+        c = self._c(slope)
         # in units of the target's call on one token, the loop's work included
         unit = theory.iteration_costs(
             self.gamma_max,
             target_step_s=1.0,
-            draft_c=self._c(),
+            draft_c=c,
             target_slope=slope,
             overhead_s=self.prior.overhead,
         )
@@ -189,14 +200,46 @@ class AdaptiveGamma:
         return theory.iteration_costs(
             self.gamma_max,
             target_step_s=call,
-            draft_c=self._c(),
+            draft_c=c,
             target_slope=slope,
             overhead_s=self.prior.overhead * call,
             measured_s=measured,
         )
 
-    def _c(self) -> float:
-        return float(np.median(self._draft_c)) if self._draft_c else self.prior.draft_c
+    def _c(self, slope: float) -> float:
+        """The draft's cost per drafted token over a target call: timed apart where the
+        engine splits its time (the host loop), else fitted to the loop's measured
+        steps (:meth:`fitted_c`), else the prior's."""
+        if self._draft_c:
+            return float(np.median(self._draft_c))
+        fitted = self._fitted_c(slope)
+        return self.prior.draft_c if fitted is None else fitted
+
+    def fitted_c(self, rows: int = 1) -> float | None:
+        """c as the compiled loop pays it, from its measured steps: each γ ≥ 1's step
+        over γ = 0's, less the target's growth for γ more tokens (the prior's slope), per
+        drafted token, in target calls (γ = 0's step less the prior's overhead); the
+        median over the γ measured. None until γ = 0 and some γ ≥ 1 are measured.
+
+        A draft step timed alone (the cost probe) misses what the loop adds per drafted
+        token (sampling it, its probabilities kept for verification, one more step of the
+        draft's scan): measured here, 0.7-1 ms per drafted token against a 0.2 ms draft
+        call, and a prior built on the call alone made long blocks look cheap."""
+        with self._lock:
+            return self._fitted_c(self.prior.slope_at(rows))
+
+    def _fitted_c(self, slope: float) -> float | None:
+        seconds, steps = self._time.get(0, (0.0, 0))
+        if steps <= 0 or seconds <= 0:
+            return None
+        zero = seconds / steps
+        call = zero / (1.0 + self.prior.overhead)
+        fits = [
+            max(((s / n - zero) / call - slope * g) / g, 0.0)
+            for g, (s, n) in self._time.items()
+            if g >= 1 and n > 0
+        ]
+        return float(np.median(fits)) if fits else None
 
     def improvements(self, rows: int = 1) -> dict[int, float]:
         with self._lock:
@@ -298,7 +341,7 @@ class AdaptiveGamma:
         result, seconds, compiled = self._timed(batch, gamma, run, warm_up=self.warm_up)
         self.observe(
             gamma,
-            seconds=None if compiled else seconds,
+            seconds=None if compiled else _loop_seconds(result, seconds),
             steps=int(np.max(result.iterations)),
             accepted_by_position=result.accepted_by_position if gamma else None,
             iterations=result.iterations,
@@ -314,7 +357,7 @@ class AdaptiveGamma:
         result, seconds, compiled = self._timed(batch, 0, baseline, warm_up=False)
         if not compiled:
             with self._lock:
-                self._time[0][0] += seconds
+                self._time[0][0] += _loop_seconds(result, seconds)
                 self._time[0][1] += int(np.max(result.iterations))
         return result, seconds
 
@@ -334,3 +377,11 @@ class AdaptiveGamma:
         start = time.perf_counter()
         result = run()
         return result, time.perf_counter() - start, new
+
+
+def _loop_seconds(result: DecodeResult, wall_s: float) -> float:
+    """The batch's decode loop alone where the engine timed it (``loop_s``), else its
+    wall time. The encoder and the prefill cost the same at every γ, so they only blur
+    the per-step costs that the choice compares."""
+    loop_s = getattr(result, "loop_s", float("nan"))
+    return float(loop_s) if math.isfinite(loop_s) else wall_s
