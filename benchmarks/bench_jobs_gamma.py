@@ -105,8 +105,8 @@ def _median_cell(runs: list[dict], key: str) -> str:
 def table(results: dict[str, list[dict]]) -> str:
     lines = [
         "| job | speedup (median) | range | predicted (costs) | measured / predicted | α (ML) "
-        "| c (est.) | batches at γ | identical | job s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| c (est.) | c in the loop | batches at γ | identical | job s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, runs in results.items():
         speedups = [r["speedup"] for r in runs]
@@ -118,6 +118,7 @@ def table(results: dict[str, list[dict]]) -> str:
             + _median_cell(runs, "efficiency")
             + _median_cell(runs, "alpha")  # none where auto never left γ = 0
             + (f"{c:.3f} | " if (c := runs[-1].get("c_estimate")) is not None else "— | ")
+            + _median_cell(runs, "draft_c_loop")
             + (", ".join(f"γ={g}: {n}" for g, n in histogram.items()) or "—")
             + f" | {all(r['identical_to_baseline'] for r in runs)} | "
             f"{statistics.median(r['process_s'] for r in runs):.0f} |"
