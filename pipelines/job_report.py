@@ -160,7 +160,8 @@ def draft_c_in_loop(rows: Sequence[dict], target_step_s: float, costs) -> float 
         if gamma + 1 not in costs.target_s or not _loop_timed(having, "loop_ms"):
             continue
         step = _wall_s(having, "loop_ms") / max(_per_batch_max(having, "iterations"), 1)
-        growth = costs.target_s[gamma + 1] - call
+        # never below 0: a noisy probe once timed T(2) 2 ms under T(1), and c read 0.34
+        growth = max(costs.target_s[gamma + 1] - call, 0.0)
         fits.append(max((step - target_step_s - growth) / (gamma * call), 0.0))
     return float(sorted(fits)[len(fits) // 2]) if fits else None
 

@@ -171,6 +171,45 @@ def test_the_loops_own_steps_price_the_blocks_not_yet_run():
     assert noisy.fitted_c() == 0.0
 
 
+def test_a_block_length_next_to_the_chosen_one_is_timed_before_it_is_ruled_out():
+    """An untimed γ is priced by a linear model of a drafted token's cost; where it comes
+    within 10% of the best, one batch in ``explore_every`` times it (the first drafted
+    token costs less than the model says, and γ = 1 was the fastest)."""
+    prior = GammaPrior(alpha=0.4, draft_c=0.03, target_slope=0.0, overhead=0.3)
+    policy = AdaptiveGamma(4, prior=prior, explore_every=2)
+    _observe(policy, 0, per_position=[], seconds_per_step=1.3)
+    _observe(policy, 2, per_position=[0.4] * 2, seconds_per_step=1.6)
+    assert policy.choose() == 2  # the best estimate; not an exploring batch
+    _observe(policy, 2, per_position=[0.4] * 2, seconds_per_step=1.6)
+    assert policy.choose() == 1  # estimated 1.26 against γ = 2's 1.27: timed now
+    _observe(policy, 1, per_position=[0.4], iterations=60, seconds_per_step=1.32)
+    assert policy.choose() == 1  # measured: the first drafted token is nearly free
+    _observe(policy, 1, per_position=[0.4], iterations=60, seconds_per_step=1.32)
+    assert policy.choose() == 1  # timed enough: no more exploring next to it
+    # a neighbour far below the best is never tried
+    sure = AdaptiveGamma(4, prior=prior, explore_every=2)
+    _observe(sure, 0, per_position=[], seconds_per_step=1.3)
+    _observe(sure, 1, per_position=[0.9], seconds_per_step=1.3)
+    _observe(sure, 4, per_position=[0.9] * 4, seconds_per_step=1.35)
+    assert [sure.choose() for _ in range(3)] == [4, 4, 4]
+
+
+def test_a_dear_prior_c_does_not_keep_the_job_at_gamma_0_for_good():
+    """Until a γ ≥ 1 batch is timed, "may γ = 1 still pay" prices the draft at nothing:
+    a prior's c from a noisy earlier run (0.34) and one record of low acceptance (the
+    untimed first batch) kept a job at γ = 0 for all 50 batches where γ = 1 paid 1.2x."""
+    prior = GammaPrior(alpha=0.355, draft_c=0.341, target_slope=0.0, overhead=0.0)
+    policy = AdaptiveGamma(4, prior=prior, explore_every=2)
+    assert policy.choose() == 1
+    policy.observe(1, seconds=None, steps=12, accepted_by_position=[1], iterations=12)
+    assert policy.choose() == 0  # one record accepted 1 in 12
+    _observe(policy, 0, per_position=[])
+    assert policy.choose() == 1  # explored: with c = 0, γ = 1 may still pay
+    _observe(policy, 1, per_position=[0.35], seconds_per_step=1.02)
+    assert policy.fitted_c() == pytest.approx(0.02)
+    assert policy.choose() >= 1  # measured: it pays
+
+
 def test_the_policy_times_a_batchs_loop_not_its_encoder():
     """γ changes only the loop: a batch's encoder and prefill, in its wall time, would
     be spread over fewer steps at longer blocks and make them look dear."""

@@ -728,6 +728,12 @@ def test_the_prediction_speeds_up_the_loop_not_the_batches_fixed_work():
     # the loops at γ = 3: 0.16 s for 3 iterations; beyond the 40 ms target-alone step and
     # the target's 5 ms for 3 more tokens, per drafted token, over the 30 ms call
     assert predicted["draft_c_loop"] == pytest.approx((0.16 / 3 - 0.04 - 0.005) / (3 * 0.03))
+    # a probe that timed T(4) below T(1) (noise) charges the target no growth, not a
+    # negative one that the draft would be charged for
+    noisy = theory.StepCosts(target_s={1: 0.03, 4: 0.025}, draft_step_s=0.004)
+    assert job_report.prediction(rows, summary, noisy)["draft_c_loop"] == pytest.approx(
+        (0.16 / 3 - 0.04) / (3 * 0.03)
+    )
     # without loop times: the wall time per step, as before, and no draft_c_loop
     for row in rows:
         row["baseline_loop_ms"] = None

@@ -59,6 +59,10 @@ EXPLORE_Z = 1.0  # standard errors above position 1's rate for "γ = 1 may still
 # "may still pay" means by more than this: a batch spent exploring costs its whole
 # shortfall, which a gain this small at an optimistic rate would not earn back
 EXPLORE_MARGIN = 0.05
+# a block length next to the chosen one, estimated within this share of its gain, is
+# timed before the estimate is trusted (NEIGHBOUR_STEPS loop steps of it)
+NEIGHBOUR_MARGIN = 0.1
+NEIGHBOUR_STEPS = 48
 MAX_SLOPE = 10.0  # a batch-1 growth per token beyond this reads as "verification never pays"
 
 
@@ -181,10 +185,10 @@ class AdaptiveGamma:
         with self._lock:
             return self._costs(rows)
 
-    def _costs(self, rows: int) -> dict[int, float]:
+    def _costs(self, rows: int, draft_c: float | None = None) -> dict[int, float]:
         slope = self.prior.slope_at(rows)
         measured = {g: s / n for g, (s, n) in self._time.items() if n > 0}
-        c = self._c(slope)
+        c = self._c(slope) if draft_c is None else draft_c
         # in units of the target's call on one token, the loop's work included
         unit = theory.iteration_costs(
             self.gamma_max,
@@ -254,21 +258,52 @@ class AdaptiveGamma:
             if self.gamma_max == 0:
                 return 0
             costs = self._costs(rows)
-            best = theory.choose_gamma(self._betas(), costs)
+            betas = self._betas()
+            best = theory.choose_gamma(betas, costs)
             if (
                 best == 0
                 and self._tests[0] < self.explore_tests
                 and self._zeros_in_a_row >= self.explore_every - 1
-                and self._may_pay(costs)
+                and self._may_pay(self._costs(rows, draft_c=self._explore_c()))
             ):
                 return 1
+            if best >= 1 and len(self.history) % self.explore_every == self.explore_every - 1:
+                neighbour = self._untimed_neighbour(best, theory.gamma_improvements(betas, costs))
+                if neighbour is not None:
+                    return neighbour
             return best
+
+    def _untimed_neighbour(self, best: int, gains: dict[int, float]) -> int | None:
+        """γ ± 1 of the best (≥ 1) with fewer than :data:`NEIGHBOUR_STEPS` timed loop
+        steps whose estimated gain is within :data:`NEIGHBOUR_MARGIN` of the best's.
+        An untimed γ is priced by the model (a drafted token's cost, fitted linearly): the
+        first drafted token costs less than the later ones in the compiled loop (the
+        draft's first call carries two tokens and no scan step), so γ = 1 read dearer than
+        it was and the job stayed at γ = 2, 4% slower."""
+        for gamma in (best - 1, best + 1):
+            if (
+                1 <= gamma <= self.gamma_max
+                and self._time.get(gamma, (0.0, 0))[1] < NEIGHBOUR_STEPS
+                and gains[gamma] >= (1.0 - NEIGHBOUR_MARGIN) * gains[best]
+            ):
+                return gamma
+        return None
+
+    def _explore_c(self) -> float | None:
+        """The draft's c for "may γ = 1 still pay": 0 (the cheapest it can be) until a
+        γ ≥ 1 batch is timed, then the fitted one. A prior's c from a noisy earlier run
+        (0.34 against 0.1-0.2) once kept a job at γ = 0 for all 50 batches, 0.99x where
+        γ = 1 gives 1.2x: the first record it tried had a low acceptance, and with that c
+        no rate could pay."""
+        timed = any(g >= 1 and n > 0 for g, (_, n) in self._time.items())
+        return None if timed else 0.0
 
     def _may_pay(self, costs: dict[int, float]) -> bool:
         """Whether γ = 1 could still beat the target alone by :data:`EXPLORE_MARGIN`:
         position 1's acceptance at its upper confidence bound (Wilson score, one standard
         error; 1 before any test) over ``costs``, the step costs as estimated now for
-        this batch's rows. Exploring a draft that cannot pay costs time."""
+        this batch's rows (:meth:`_explore_c`). Exploring a draft that cannot pay costs
+        time."""
         tests = self._tests[0]
         upper = 1.0
         if tests > 0:
