@@ -1,0 +1,141 @@
+"""Where one batch's time goes, and what a loop step costs at each γ (issue 20 item 1).
+
+Loads the embedded Debian pair and decodes the first ``--records`` sentences of the
+shipped sample one batch at a time (``--batch`` rows, greedy, the job's padding): the
+target alone (γ = 0, ``decoding.autoregressive_generate``) and the compiled speculative
+loop at each γ of ``--gammas`` (``decoding.speculative_generate(compiled=True)``), every
+batch once untimed, then ``--rounds`` interleaved rounds. Per batch it splits the wall
+time into
+
+- *encoders*: ``model.new_cache`` (the T5 encoder and the cross-attention keys, the
+  draft's too for γ ≥ 1);
+- *setup*: the decode call outside its loop (the state's set-up, the prefill);
+- *loop*: ``DecodeResult.loop_s``;
+- *rest*: the rest of the call (the result fetched to the host).
+
+and fits the loop's seconds against its iterations over the batches (least squares):
+the slope is a loop step's cost at that γ, the intercept what a loop call costs beyond
+its steps. ``tokens/iter`` and ``loop ms/token`` give the loop's own speedup over γ = 0.
+
+Usage (BENCHMARKS.md gives the command run)::
+
+    .venv/bin/python benchmarks/probe_batch_phases.py [--batch 1] [--gammas 1,2,3]
+        [--records 32] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench_target_loop import greedy_decode_args, sample_requests  # noqa: E402  (this folder)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--gammas", default="1,2,3")
+    parser.add_argument("--records", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--draft", default="ende_draft_debian")
+    args = parser.parse_args(argv)
+    gammas = [0, *(int(g) for g in args.gammas.split(","))]
+
+    import jax
+
+    from pipelines import model_resolver
+    from specdec_core import decoding
+    from workers.batching import DecodeSettings, pack
+
+    def load(name, role):
+        resolved = model_resolver.resolve_model(name, role=role)
+        return resolved.spec.load(), resolved.vocab_path
+
+    target, vocab = load("ende_target_debian", "--target")
+    draft, _ = load(args.draft, "--draft")
+    requests = sample_requests(vocab, args.records)
+
+    def batches(gamma: int):
+        settings = DecodeSettings(gamma=max(gamma, 1), max_new_tokens=64, batch_size=args.batch)
+        return [
+            pack(requests[i : i + args.batch], settings)
+            for i in range(0, len(requests), args.batch)
+        ]
+
+    packed = {gamma: batches(gamma) for gamma in gammas}
+
+    def decode(gamma: int, p) -> dict:
+        start = time.perf_counter()
+        common = greedy_decode_args(target, p)  # the target's encoder runs here
+        jax.block_until_ready(common["target_cache"])
+        if gamma:
+            draft_cache = jax.block_until_ready(
+                draft.new_cache(p.encoder_tokens, p.prompt_tokens.shape[0], p.max_len)
+            )
+        encoders = time.perf_counter() - start
+        if gamma:
+            result = decoding.speculative_generate(
+                **common, draft=draft.forward, draft_cache=draft_cache, gamma=gamma, compiled=True
+            )
+        else:
+            result = decoding.autoregressive_generate(**common)
+        wall = time.perf_counter() - start
+        return {
+            "encoders": encoders,
+            "setup": result.total_s - result.loop_s,
+            "loop": result.loop_s,
+            "rest": wall - encoders - result.total_s,
+            "iterations": int(np.max(result.iterations)),
+            "tokens": int(np.sum(result.lengths)),
+        }
+
+    for gamma in gammas:  # compiles every shape
+        for p in packed[gamma]:
+            decode(gamma, p)
+    runs: dict[int, list[dict]] = {gamma: [] for gamma in gammas}
+    for _ in range(args.rounds):
+        for gamma in gammas:
+            runs[gamma] += [decode(gamma, p) for p in packed[gamma]]
+
+    ms = 1e3
+    print(
+        f"batch {args.batch}, {len(packed[0])} batches x {args.rounds} rounds, draft {args.draft}"
+    )
+    print(
+        "| γ | encoders ms/batch | setup ms/batch | loop ms/batch | rest ms/batch "
+        "| loop ms/step (fit) | loop ms/call beyond its steps (fit) | tokens/iter "
+        "| loop ms/token | loop speedup |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    base_per_token = None
+    for gamma in gammas:
+        rows = runs[gamma]
+        n = len(rows)
+
+        def mean(key, rows=rows, n=n):
+            return sum(r[key] for r in rows) / n * ms
+
+        loop = np.array([r["loop"] for r in rows]) * ms
+        iterations = np.array([r["iterations"] for r in rows])
+        slope, intercept = np.polyfit(iterations, loop, 1)
+        tokens = sum(r["tokens"] for r in rows)
+        per_token = loop.sum() / tokens
+        base_per_token = base_per_token or per_token
+        print(
+            f"| {gamma} | {mean('encoders'):.2f} | {mean('setup'):.2f} | {mean('loop'):.2f} | "
+            f"{mean('rest'):.2f} | {slope:.2f} | {intercept:.2f} | "
+            f"{tokens / iterations.sum():.2f} | {per_token:.2f} | "
+            f"{base_per_token / per_token:.3f} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
