@@ -226,7 +226,7 @@ def _autoregressive(forward: Forward, config: sampling.SamplingConfig, eos_id: i
         state, cache = carry
         logits, cache = forward(cache, state.pending[:, None])
         probs = sampling.probs_from_logits(logits[:, 0], config)
-        token = sampling.sample_rows(_step_keys(state), probs)
+        token = sampling.draw_rows(_step_keys(state), probs, config)
         was_active = ~state.done
         new_state, _ = _commit_block(state, token[:, None], jnp.ones_like(token), eos_id)
         # Rows that were already done do not advance their cache.
@@ -308,13 +308,13 @@ def _propose(draft: Forward, gamma: int, config: sampling.SamplingConfig, first:
         uniforms = acceptance.row_uniforms(draft_keys, feed.shape[0], gamma)  # [B, γ]
         logits, cache = draft(cache, feed)
         probs = sampling.probs_from_logits(logits[:, -1], config)
-        token = sampling.sample_from_uniform(uniforms[:, 0], probs)
+        token = sampling.draw(uniforms[:, 0], probs, config)
 
         def step(carry, u):
             cache, token = carry
             logits, cache = draft(cache, token[:, None])
             probs = sampling.probs_from_logits(logits[:, 0], config)
-            next_token = sampling.sample_from_uniform(u, probs)
+            next_token = sampling.draw(u, probs, config)
             return (cache, next_token), (next_token, probs)
 
         (cache, _), (tokens, probs_rest) = jax.lax.scan(

@@ -100,3 +100,20 @@ def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
 def sample_rows(keys: jax.Array, probs: jax.Array) -> jax.Array:
     """keys [B] (one per row), probs [B, V] -> tokens int32 [B]."""
     return sample_from_uniform(jax.vmap(lambda k: jax.random.uniform(k))(keys), probs)
+
+
+def draw(uniform: jax.Array, probs: jax.Array, config: SamplingConfig) -> jax.Array:
+    """:func:`sample_from_uniform` for probabilities made under ``config``. At T=0 they
+    are one-hot, and the inverse-CDF draw is the one token with mass for any u in [0, 1):
+    its argmax, taken directly (the cumulative sum over the vocabulary cost a third of a
+    draft step inside the decode loop)."""
+    if config.greedy:
+        return jnp.argmax(probs, axis=-1).astype(jnp.int32)
+    return sample_from_uniform(uniform, probs)
+
+
+def draw_rows(keys: jax.Array, probs: jax.Array, config: SamplingConfig) -> jax.Array:
+    """:func:`sample_rows` for probabilities made under ``config`` (see :func:`draw`)."""
+    if config.greedy:
+        return jnp.argmax(probs, axis=-1).astype(jnp.int32)
+    return sample_rows(keys, probs)

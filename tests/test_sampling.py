@@ -5,12 +5,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specdec_core import sampling
 from specdec_core.sampling import (
     GREEDY,
     SamplingConfig,
     probs_from_logits,
     sample,
     sample_from_uniform,
+    sample_rows,
 )
 
 
@@ -74,3 +76,22 @@ def test_inverse_cdf_boundaries():
 def test_bad_settings_name_the_setting(kwargs, word):
     with pytest.raises(ValueError, match=word):
         SamplingConfig(**kwargs)
+
+
+def test_a_greedy_draw_is_the_inverse_cdf_draw_of_the_one_hot():
+    """sampling.draw at T=0 takes the argmax directly: the same token as the inverse-CDF
+    draw for every u in [0, 1), ties in the logits included (to the lowest id)."""
+    rng = np.random.default_rng(4)
+    logits = jnp.asarray(rng.integers(0, 3, size=(64, 50)).astype(np.float32))  # many ties
+    probs = probs_from_logits(logits, GREEDY)
+    for u in (0.0, 0.5, 0.999999, *rng.random(5)):
+        uniform = jnp.full((64,), u, jnp.float32)
+        want = sample_from_uniform(uniform, probs)
+        np.testing.assert_array_equal(sampling.draw(uniform, probs, GREEDY), want)
+    keys = jax.random.split(jax.random.key(0), 64)
+    np.testing.assert_array_equal(sampling.draw_rows(keys, probs, GREEDY), sample_rows(keys, probs))
+    warm = SamplingConfig(temperature=1.0)  # any other setting draws as before
+    soft = probs_from_logits(logits, warm)
+    np.testing.assert_array_equal(
+        sampling.draw(uniform, soft, warm), sample_from_uniform(uniform, soft)
+    )
