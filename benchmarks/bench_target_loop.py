@@ -50,6 +50,16 @@ def sample_requests(vocab_path: str, records: int) -> list:
     ]
 
 
+def debian_pair(draft_name: str = "ende_draft_debian"):
+    """(target, draft, vocab path): the embedded Debian target and ``draft_name``,
+    loaded as the jobs resolve them."""
+    from pipelines import model_resolver
+
+    target = model_resolver.resolve_model("ende_target_debian", role="--target")
+    draft = model_resolver.resolve_model(draft_name, role="--draft")
+    return target.spec.load(), draft.spec.load(), target.vocab_path
+
+
 def greedy_decode_args(model, packed) -> dict:
     """``decoding.autoregressive_generate``'s arguments for the target alone on one packed
     batch, greedy (``speculative_generate`` takes them too, with a draft's)."""

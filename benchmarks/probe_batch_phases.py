@@ -35,31 +35,25 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench_target_loop import greedy_decode_args, sample_requests  # noqa: E402  (this folder)
+from bench_target_loop import debian_pair, greedy_decode_args, sample_requests  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--gammas", default="1,2,3")
-    parser.add_argument("--records", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--records", type=int, default=32)
     parser.add_argument("--draft", default="ende_draft_debian")
+    parser.add_argument("--batch", type=int, default=1)
     args = parser.parse_args(argv)
     gammas = [0, *(int(g) for g in args.gammas.split(","))]
 
     import jax
 
-    from pipelines import model_resolver
     from specdec_core import decoding
     from workers.batching import DecodeSettings, pack
 
-    def load(name, role):
-        resolved = model_resolver.resolve_model(name, role=role)
-        return resolved.spec.load(), resolved.vocab_path
-
-    target, vocab = load("ende_target_debian", "--target")
-    draft, _ = load(args.draft, "--draft")
+    target, draft, vocab = debian_pair(args.draft)
     requests = sample_requests(vocab, args.records)
 
     def batches(gamma: int):

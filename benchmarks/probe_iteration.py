@@ -31,7 +31,11 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench_target_loop import greedy_decode_args, sample_requests  # noqa: E402  (this folder)
+from bench_target_loop import (  # noqa: E402  (this folder)
+    debian_pair,
+    greedy_decode_args,
+    sample_requests,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,16 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draft", default="ende_draft_debian")
     args = parser.parse_args(argv)
 
-    from pipelines import model_resolver
     from specdec_core import costs, decoding
     from workers.batching import DecodeSettings, pack
 
-    def load(name, role):
-        resolved = model_resolver.resolve_model(name, role=role)
-        return resolved.spec.load(), resolved.vocab_path
-
-    target, vocab = load("ende_target_debian", "--target")
-    draft, _ = load(args.draft, "--draft")
+    target, draft, vocab = debian_pair(args.draft)
     requests = sample_requests(vocab, args.records)
     settings = DecodeSettings(gamma=args.gamma, max_new_tokens=64, batch_size=args.batch)
     batches = [
