@@ -41,7 +41,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from pipelines import job_report, part_files, previous_run, record_io, text
+from pipelines import job_prediction, job_report, part_files, previous_run, record_io, text
 from pipelines.model_resolver import (
     DEFAULT_DRAFT,
     DEFAULT_GAMMA,
@@ -311,7 +311,7 @@ def _start_ray(job: JobConfig) -> Background | None:
 
 def _prediction(job: JobConfig, rows: list[dict], summary: dict[str, Any]) -> dict[str, Any]:
     """The cost model's predicted speedup for the run and measured / predicted
-    (``job_report.prediction``), the model calls timed here on the run's median-length
+    (``job_prediction.prediction``), the model calls timed here on the run's median-length
     record (batch and cache as the engine packs it; k = 1, 2 and γ+1 for each γ the
     run used). Where they cannot be measured (a draft with no model calls, a target on a
     mesh), the summary says why instead."""
@@ -329,7 +329,7 @@ def _prediction(job: JobConfig, rows: list[dict], summary: dict[str, Any]) -> di
     )
     try:
         costs = measure_step_costs(job.target.spec, job.draft.spec, job.settings, request, ks=ks)
-        return job_report.prediction(rows, summary, costs)
+        return job_prediction.prediction(rows, summary, costs)
     except Exception as error:  # reported in the summary: the job's result stands
         return {"predicted_speedup": None, "prediction_error": f"{type(error).__name__}: {error}"}
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
-from pipelines import inference, job_report, record_io, text, transforms, translate
+from pipelines import inference, job_prediction, job_report, record_io, text, transforms, translate
 from pipelines.cli import main
 from pipelines.model_resolver import DEFAULT_VOCAB
 from specdec_core import costs as speculative_costs
@@ -682,7 +682,7 @@ def test_summary_figures_from_rows():
     # iteration: 3 x 4 + 50 + 10 = 72 ms for 1 + 0.8 + 0.4 + 0.2 = 2.4 tokens, 30 ms a
     # token against 50: 5/3 predicted; measured (12/0.18)/(12/0.4) = 20/9.
     costs = theory.StepCosts(target_s={1: 0.04, 4: 0.05}, draft_step_s=0.004)
-    predicted = job_report.prediction(rows, summary, costs)
+    predicted = job_prediction.prediction(rows, summary, costs)
     assert predicted["predicted_speedup"] == pytest.approx(5 / 3)
     assert predicted["efficiency"] == pytest.approx((20 / 9) / (5 / 3))
     assert predicted["baseline_at_limit"] == pytest.approx(0.8)
@@ -715,7 +715,7 @@ def test_the_prediction_speeds_up_the_loop_not_the_batches_fixed_work():
         quality_metric="bleu",
     )  # fmt: skip
     costs = theory.StepCosts(target_s={1: 0.03, 4: 0.035}, draft_step_s=0.004)
-    predicted = job_report.prediction(rows, summary, costs)
+    predicted = job_prediction.prediction(rows, summary, costs)
     # the target alone's loops: 0.32 s for 8 steps (40 ms: a 30 ms call + 10 ms of the
     # loop's work); its batches' fixed work 0.08 s. An iteration 3 x 4 + 35 + 10 = 57 ms
     # for 2.4 tokens: the loop 40 / (57 / 2.4) faster; the job (0.08 + 0.32) / (0.08 +
@@ -731,12 +731,12 @@ def test_the_prediction_speeds_up_the_loop_not_the_batches_fixed_work():
     # a probe that timed T(4) below T(1) (noise) charges the target no growth, not a
     # negative one that the draft would be charged for
     noisy = theory.StepCosts(target_s={1: 0.03, 4: 0.025}, draft_step_s=0.004)
-    assert job_report.prediction(rows, summary, noisy)["draft_c_loop"] == pytest.approx(
+    assert job_prediction.prediction(rows, summary, noisy)["draft_c_loop"] == pytest.approx(
         (0.16 / 3 - 0.04) / (3 * 0.03)
     )
     # without loop times: the wall time per step, as before, and no draft_c_loop
     for row in rows:
         row["baseline_loop_ms"] = None
-    walled = job_report.prediction(rows, summary, costs)
+    walled = job_prediction.prediction(rows, summary, costs)
     assert walled["draft_c_loop"] is None and walled["step_costs_ms"]["batch_fixed"] is None
     assert walled["baseline_at_limit"] == pytest.approx(0.03 / 0.05)

@@ -1,0 +1,91 @@
+"""What the cost model predicts for a finished job, from the rows it wrote and the model
+calls timed after it (``specdec_core.costs``), and how much of it the job reached:
+``predicted_speedup``, ``efficiency``, ``baseline_at_limit``, ``draft_c_loop`` and the
+``step_costs_ms`` of its summary (terms: :mod:`pipelines.job_report`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from pipelines.job_report import _per_batch_max, _wall_s, row_gamma
+
+
+def prediction(rows: Sequence[dict], summary: dict[str, Any], costs) -> dict[str, Any]:
+    """What the cost model predicts for this run, and how much of it the run reached.
+
+    ``costs`` (``theory.StepCosts``): the target's call seconds on k tokens and a draft
+    step, measured on decode-sized caches (``workers.engine.measure_step_costs``). The
+    loop's own work per step (sampling, commit, the loop) is what the run's target-alone
+    decode loop spent per step beyond the target call (``baseline_loop_ms`` where the
+    engine timed its loop apart, else the batch's wall time); a speculative iteration is
+    assumed to pay it once too. With the run's acceptance at each position and the
+    tokens it decoded at each γ, ``specdec_core.costs.predicted_tokens_speedup`` gives
+    the loop's predicted speedup. The batches' fixed work (the encoder, the prefill,
+    the setup: the target alone's wall time beyond its loop) is the same at any γ, so
+    ``predicted_speedup`` applies the loop's speedup to the loop only; ``efficiency`` =
+    measured / predicted (below 1: time lost outside the model), ``baseline_at_limit``
+    = the target call's seconds over the target-alone loop's seconds per step (1: no
+    time outside the call). ``draft_c_loop``: :func:`draft_c_in_loop`.
+    """
+    from specdec_core import costs as cost_model
+
+    steps = max(_per_batch_max(rows, "baseline_tokens"), 1)
+    base_wall_s = _wall_s(rows, "baseline_wall_ms")
+    looped = _loop_timed(rows, "baseline_loop_ms")
+    base_loop_s = _wall_s(rows, "baseline_loop_ms") if looped else base_wall_s
+    base_step_s = base_loop_s / steps
+    # a batch's encoder, prefill and setup: what its wall time holds beyond its loop
+    fixed_s = max(base_wall_s - base_loop_s, 0.0)
+    overhead = max(base_step_s - costs.target_s[1], 0.0)
+    full = dataclasses.replace(costs, overhead_s=overhead, baseline_overhead_s=overhead)
+    tokens_by_gamma: dict[int, int] = {}
+    for row in rows:
+        tokens_by_gamma[row_gamma(row)] = tokens_by_gamma.get(row_gamma(row), 0) + row["tokens"]
+    in_loop = cost_model.predicted_tokens_speedup(
+        summary["acceptance_by_position"], tokens_by_gamma, full
+    )
+    # speculation speeds up the loop; the batches' fixed work costs what it costs
+    predicted = (fixed_s + base_loop_s) / (fixed_s + base_loop_s / in_loop)
+    batches = len({row["batch"] for row in rows})
+    return {
+        "predicted_speedup": predicted,
+        "efficiency": summary["speedup"] / predicted if summary["speedup"] else None,
+        "baseline_at_limit": costs.target_s[1] / base_step_s if base_step_s > 0 else None,
+        "draft_c_loop": draft_c_in_loop(rows, base_step_s, costs) if looped else None,
+        "step_costs_ms": {
+            "target": {str(k): 1e3 * v for k, v in sorted(costs.target_s.items())},
+            "draft_step": 1e3 * costs.draft_step_s,
+            "loop_per_step": 1e3 * overhead,
+            "batch_fixed": 1e3 * fixed_s / batches if looped else None,
+        },
+    }
+
+
+def _loop_timed(rows: Sequence[dict], key: str) -> bool:
+    return bool(rows) and all(row.get(key) is not None for row in rows)
+
+
+def draft_c_in_loop(rows: Sequence[dict], target_step_s: float, costs) -> float | None:
+    """The draft's cost per drafted token as the decode loop paid it, over a target
+    call: for each γ ≥ 1 the run decoded at (its loop's seconds per iteration, from
+    ``loop_ms``), the step beyond the target alone's loop step (``target_step_s``) less
+    the target's extra cost for γ more tokens (``costs.target_s``), per drafted token,
+    over T(1); the median over the γ. None where the loop was not timed apart or no
+    γ ≥ 1 ran. A later run's ``--gamma auto`` starts from it (``pipelines.previous_run``):
+    the draft call timed alone (``draft_step``) misses the loop's work per drafted token."""
+    by_gamma: dict[int, list[dict]] = {}
+    for row in rows:
+        if row_gamma(row) >= 1:
+            by_gamma.setdefault(row_gamma(row), []).append(row)
+    call = costs.target_s[1]
+    fits = []
+    for gamma, having in sorted(by_gamma.items()):
+        if gamma + 1 not in costs.target_s or not _loop_timed(having, "loop_ms"):
+            continue
+        step = _wall_s(having, "loop_ms") / max(_per_batch_max(having, "iterations"), 1)
+        # never below 0: a noisy probe once timed T(2) 2 ms under T(1), and c read 0.34
+        growth = max(costs.target_s[gamma + 1] - call, 0.0)
+        fits.append(max((step - target_step_s - growth) / (gamma * call), 0.0))
+    return float(sorted(fits)[len(fits) // 2]) if fits else None
