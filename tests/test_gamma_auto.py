@@ -16,7 +16,7 @@ from tests import test_exactness as exact
 from tests.stub_models import bound as bind_table
 from workers.batching import DecodeSettings, Request, pack
 from workers.engine import InProcessEngine
-from workers.gamma import AdaptiveGamma, GammaPrior
+from workers.gamma import MAX_SLOPE, AdaptiveGamma, GammaPrior
 from workers.spec import ModelSpec
 
 # ---------------------------------------------------------------- the pure chooser
@@ -639,7 +639,12 @@ def test_a_second_job_starts_from_the_first_ones_figures(workdir, models, tracki
     assert second["gamma_prior"]["draft_c"] == pytest.approx(first["draft_c_loop"])
     assert second["gamma_prior"]["overhead"] == pytest.approx(costs["loop_per_step"] / step)
     growth = costs["target"]["2"] / step - 1.0  # at the job's 3 rows; k = 2 is always timed
-    assert GammaPrior(**second["gamma_prior"]).slope_at(3) == pytest.approx(max(growth, 0.0))
+    # within what a batch-1 slope can give at 3 rows (MAX_SLOPE; a noisy probe on these
+    # tiny models once timed T(2) at 2.8 T(1))
+    most = GammaPrior(target_slope=MAX_SLOPE).slope_at(3)
+    assert GammaPrior(**second["gamma_prior"]).slope_at(3) == pytest.approx(
+        min(max(growth, 0.0), most)
+    )
     assert second["identical_to_baseline"] is True
 
 
