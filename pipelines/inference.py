@@ -24,9 +24,9 @@ from typing import Any
 
 from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.ml.inference.base import ModelHandler
 
 from pipelines import record_io, text
+from pipelines.beam_inference import ModelHandler
 from workers.batching import DecodeSettings, Generation, Request, pack
 from workers.engine import EngineConfig, build_engine
 

@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import apache_beam as beam
-from apache_beam.ml.inference.base import RunInference
 from apache_beam.runners.runner import PipelineState
 
 from pipelines import part_files, record_io, text
+from pipelines.beam_inference import RunInference
 from pipelines.inference import Decoded, SpeculativeModelHandler, Tokenized
 
 if TYPE_CHECKING:
