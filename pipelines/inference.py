@@ -239,7 +239,8 @@ class SpeculativeModelHandler(ModelHandler):
         self.target, self.draft, self.settings, self.engine = target, draft, settings, engine
         self.compare_baseline, self.job_id, self.warmup = compare_baseline, job_id, warmup
         self.total_records, self.show_progress = total_records, progress
-        self._warm: set[tuple] = set()
+        self._warm: set[tuple] = set()  # PackedBatch.shape() decoded once untimed
+        self._warm_programs: set[tuple] = set()  # their PackedBatch.program_shape()
         self._batches = 0  # batches decoded (the paired calls' order alternates with it)
         self._progress: Progress | None = None
 
@@ -332,13 +333,16 @@ class SpeculativeModelHandler(ModelHandler):
             return record_io.engine_error(item.record, error)
 
     def _warm_up(self, requests: list[Request], engine) -> None:
-        """Decodes a batch of a not-yet-seen padded shape once, untimed (compilation)."""
+        """Decodes a batch of a not-yet-seen padded shape once, untimed (compilation).
+        Where only its encoder width is new (the decode loops of its
+        ``PackedBatch.program_shape`` are compiled), the speculative decode alone
+        compiles what is new: both models' encoders, which the baseline shares."""
         packed = pack(requests, self.settings)
-        encoder_width = None if packed.encoder_tokens is None else packed.encoder_tokens.shape
-        shape = (encoder_width, packed.prompt_tokens.shape, packed.max_len)
+        shape, program = packed.shape(), packed.program_shape()
         if shape in self._warm:
             return
         engine.generate(requests)
-        if self.compare_baseline:
+        if self.compare_baseline and program not in self._warm_programs:
             engine.generate_baseline(requests)
         self._warm.add(shape)
+        self._warm_programs.add(program)

@@ -9,7 +9,16 @@ import numpy as np
 import pytest
 
 from pipelines import configs
-from specdec_core.models import bound, decoder, families, ngram, prompt_lookup, registry, t5
+from specdec_core.models import (
+    api,
+    bound,
+    decoder,
+    families,
+    ngram,
+    prompt_lookup,
+    registry,
+    t5,
+)
 
 ENCODER = np.asarray([[5, 9, 7, 3, 1, 0], [4, 4, 8, 1, 0, 0]], np.int32)
 DECODER = np.asarray([[0, 6, 2, 11], [0, 3, 3, 10]], np.int32)  # starts with T5's start id 0
@@ -67,6 +76,8 @@ def test_t5_builds_through_the_registry_and_its_cached_forward_equals_score():
     assert not np.array_equal(leaf(model), leaf(other))
 
     cache = model.new_cache(ENCODER, 2, 8)
+    # the source side padded to api.source_width: one decode loop for every input width
+    assert cache.encoder_mask.shape == (2, api.source_width(ENCODER.shape[1])) == (2, 64)
     logits, cache = model.forward(cache, DECODER)
     assert np.asarray(cache.lengths).tolist() == [4, 4]
     reference = t5.score(config, model.params, ENCODER, DECODER, np.ones_like(DECODER))
@@ -139,7 +150,9 @@ def test_copy_draft_without_backoff_reads_encoder_tokens_as_its_source():
     config = prompt_lookup.PromptLookupConfig(vocab_size=12, fallback_token=1)
     model = bound.load_model("copy", "copy", config)
     assert model.params is None and model.param_count() == 0
-    logits, _ = model.forward(model.new_cache(ENCODER[:1], 1, 8), np.asarray([[0, 9]], np.int32))
+    cache = model.new_cache(ENCODER[:1], 1, 8)
+    assert cache.source.shape == (1, 64)  # padded as a T5's source side is
+    logits, _ = model.forward(cache, np.asarray([[0, 9]], np.int32))
     # "9" follows "5" in the source, then "7": the copy proposes 7; after "0", no match
     assert np.argmax(np.asarray(logits)[0], -1).tolist() == [1, 7]
 

@@ -69,3 +69,65 @@ def test_entry_runs_the_exit_handlers_and_keeps_the_jobs_exit_status(tmp_path):
     out = _python(ENTRY, str(marker), "ui", "--dry-run")
     assert out.returncode == 0, out.stderr
     assert marker.read_text() == "exit handlers ran"
+
+
+class CountingEngine:
+    """Stands in for an engine to count the handler's calls (no decoding: the handler's
+    warm-up rule is what is tested)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def _generations(self, requests, kind):
+        from workers.batching import Generation
+
+        self.calls.append((kind, len(requests[0].encoder_tokens)))
+        return [
+            Generation(
+                id=r.id,
+                tokens=[1],
+                iterations=1,
+                drafted=0,
+                accepted=0,
+                accepted_by_position=[],
+                batch_wall_ms=1.0,
+            )
+            for r in requests
+        ]
+
+    def generate(self, requests):
+        return self._generations(requests, "speculative")
+
+    def generate_baseline(self, requests):
+        return self._generations(requests, "baseline")
+
+    def report(self):
+        pass
+
+
+def test_warm_up_of_a_new_encoder_width_runs_only_what_compiles():
+    """A new program shape (api.source_width) is warmed on both paths; a new encoder
+    width of a known one by the speculative decode alone, which compiles both encoders
+    (the baseline shares the target's); a known width not at all."""
+    from pipelines import record_io
+    from pipelines.inference import SpeculativeModelHandler, Tokenized
+    from workers.batching import DecodeSettings
+    from workers.engine import EngineConfig
+
+    handler = SpeculativeModelHandler(
+        target=None, draft=None, settings=DecodeSettings(gamma=2, max_new_tokens=4),
+        engine=EngineConfig(), compare_baseline=True, job_id="t", progress=False,
+    )  # fmt: skip
+    engine = CountingEngine()
+
+    def decode(width):
+        item = Tokenized(record=record_io.Record(id="r", source="x"), encoder_tokens=(5,) * width)
+        engine.calls.clear()
+        handler.run_inference([item], engine)
+        return [kind for kind, _ in engine.calls]
+
+    timed = ["speculative", "baseline"]  # the batch itself (its order alternates)
+    assert sorted(decode(10)) == sorted(["speculative", "baseline", *timed])
+    assert sorted(decode(30)) == sorted(["speculative", *timed])  # 16 -> 32: same loops
+    assert sorted(decode(20)) == sorted(timed)  # width 32 again
+    assert sorted(decode(100)) == sorted(["speculative", "baseline", *timed])  # width 128

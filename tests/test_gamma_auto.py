@@ -669,3 +669,35 @@ def test_a_failed_prior_lookup_leaves_the_job_and_its_run_whole(
     summary = job.summary
     assert summary["mlflow_error"] is None and summary["mlflow_run_id"]  # logged all the same
     assert summary["gamma_prior_run_id"] is None
+
+
+def test_a_new_encoder_width_of_a_compiled_program_shape_is_timed():
+    """Caches pad their source to api.source_width, so a batch whose encoder width is new
+    but whose decode loop is compiled needs no untimed run: its time counts."""
+    policy = AdaptiveGamma(2, warm_up=True)
+    settings = DecodeSettings(gamma=2, max_new_tokens=8, batch_size=1)
+
+    def batch(width):
+        return pack([Request(id="r", prompt_tokens=(0,), encoder_tokens=(5,) * width)], settings)
+
+    short, long = batch(10), batch(30)
+    assert short.shape() != long.shape() and short.program_shape() == long.program_shape()
+    calls = []
+
+    def baseline(loop_s):
+        def run():
+            calls.append(loop_s)
+            ones = np.ones(1, np.int32)
+            return decoding.DecodeResult(
+                tokens=np.zeros((1, 8), np.int32), lengths=ones * 8, iterations=ones * 8,
+                drafted=ones * 0, accepted=ones * 0,
+                accepted_by_position=np.zeros((1, 0), np.int32),
+                draft_s=0.0, target_s=0.0, overhead_s=0.0, total_s=1.0, loop_s=loop_s,
+            )  # fmt: skip
+
+        return run
+
+    policy.decode_baseline(short, baseline(0.4))  # compiles: not timed
+    policy.decode_baseline(long, baseline(0.8))  # its loop is compiled: timed, run once
+    assert calls == [0.4, 0.8]
+    assert policy.costs()[0] == pytest.approx(0.8 / 8)

@@ -182,3 +182,27 @@ def test_bfloat16_runs_and_is_close(params):
     assert np.abs(logits - reference).max() > 0  # really ran in bfloat16
     agree = (logits.argmax(-1) == reference.argmax(-1)).mean()
     assert agree >= 0.9
+
+
+def test_source_width_is_a_power_of_two_of_at_least_the_minimum():
+    assert [api.source_width(n) for n in (0, 1, 16, 48, 64, 65, 200, 1024)] == [
+        64, 64, 64, 64, 64, 128, 256, 1024,
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="source length"):
+        api.source_width(-1)
+
+
+def test_a_cache_padded_to_its_source_width_gives_the_same_logits(params):
+    """pad_source: masked source positions leave every decode step's logits as they were
+    (the decode loops then compile once per source width, not per input width)."""
+    rng = np.random.default_rng(7)
+    encoder_tokens = _encoder_tokens(rng, 2, 6, [6, 3])
+    tokens = jnp.asarray([[0, 5, 9, 11], [0, 7, 7, 2]], jnp.int32)
+    reference = _reference(TINY, params, encoder_tokens, tokens)
+    cache = t5.pad_source(init_cache(TINY, params, encoder_tokens, max_decode_len=8), 64)
+    assert cache.cross_keys[0].shape[2] == 64 and cache.encoder_mask.shape == (2, 64)
+    assert not np.asarray(cache.encoder_mask[:, 6:]).any()
+    logits, _ = forward(TINY, params, cache, tokens)
+    np.testing.assert_allclose(logits, reference, atol=2e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="cannot pad 64 source positions to 32"):
+        t5.pad_source(cache, 32)

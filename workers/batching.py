@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from specdec_core.models import api
 from specdec_core.models.t5 import EOS_ID
 from specdec_core.sampling import GREEDY, SamplingConfig
 
@@ -84,6 +85,20 @@ class PackedBatch:
     @property
     def size(self) -> int:
         return len(self.ids)
+
+    def shape(self) -> tuple:
+        """Every padded width: rows and encoder width (None without an encoder), prompt
+        width, cache slots. The encoders compile once per shape."""
+        encoder = None if self.encoder_tokens is None else self.encoder_tokens.shape
+        return (encoder, self.prompt_tokens.shape, self.max_len)
+
+    def program_shape(self) -> tuple:
+        """What the decode loops compile for: :meth:`shape` with the encoder width
+        replaced by the width the caches pad their source to (``api.source_width``).
+        Batches of one program shape share every compiled loop."""
+        encoder, prompt, max_len = self.shape()
+        source = None if encoder is None else (encoder[0], api.source_width(encoder[1]))
+        return (source, prompt, max_len)
 
 
 def padded_length(n: int, multiple: int = LENGTH_BUCKET) -> int:

@@ -161,7 +161,7 @@ class AdaptiveGamma:
         self._draft_c: list[float] = []  # draft step / target step, where the split is known
         self.history: list[int] = []  # γ of every batch decoded, in order
         self._zeros_in_a_row = 0
-        self._seen: set[tuple] = set()  # (γ, padded shape) already compiled
+        self._seen: set[tuple] = set()  # (γ, program shape) already compiled
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- estimates
@@ -397,11 +397,7 @@ class AdaptiveGamma:
         return result, seconds
 
     def _timed(self, batch: PackedBatch, gamma: int, run, *, warm_up: bool):
-        shape = (
-            None if batch.encoder_tokens is None else batch.encoder_tokens.shape,
-            batch.prompt_tokens.shape,
-            batch.max_len,
-        )
+        shape = batch.program_shape()  # a new encoder width alone compiles no loop
         with self._lock:
             new = (gamma, shape) not in self._seen
             shape_known = any(s == shape for _, s in self._seen)

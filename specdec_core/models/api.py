@@ -37,3 +37,24 @@ class Forward(Protocol):
 def rollback(cache: Cache, lengths: jax.Array) -> Cache:
     """Sets every row's committed length (int32[B]); K/V slots past it become stale."""
     return cache.replace(lengths=lengths.astype(cache.lengths.dtype))  # type: ignore[attr-defined]
+
+
+# A cache's source side (an encoder's output and its cross-attention keys/values, a copy
+# draft's source tokens) is padded, masked, to source_width(S) positions.
+SOURCE_WIDTH_MIN = 64
+
+
+def source_width(length: int) -> int:
+    """The source positions a decoder cache holds for a source of ``length`` tokens: the
+    next power of two, at least :data:`SOURCE_WIDTH_MIN`.
+
+    A decode loop is compiled per cache shape. Inputs are padded to multiples of 16
+    tokens (``workers.batching.LENGTH_BUCKET``) for the encoder, which costs in
+    proportion to its width; if the loops' caches kept that width, every γ would compile
+    once per 16 tokens of input length (the shipped sample's inputs span 4 such widths).
+    Padded here, they span one. A masked source position costs the decoder one
+    cross-attention term per step: small next to a step's matmuls.
+    """
+    if length < 0:
+        raise ValueError(f"a source length is >= 0, got {length}")
+    return max(SOURCE_WIDTH_MIN, 1 << max(length - 1, 0).bit_length())

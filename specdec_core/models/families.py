@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import jax
 import jax.numpy as jnp
 
-from specdec_core.models import decoder, layers, ngram, prompt_lookup, t5
+from specdec_core.models import api, decoder, layers, ngram, prompt_lookup, t5
 from specdec_core.models.api import Forward
 
 if TYPE_CHECKING:
@@ -133,9 +133,11 @@ class Family:
 
 
 def _t5_new_cache(name: str, config: t5.T5Config, params) -> NewCache:
+    # the encoder runs at the tokens' width; the cache is padded to the source width
     init = jax.jit(
-        lambda params, tokens, max_len: t5.init_cache(
-            config, params, tokens, max_decode_len=max_len
+        lambda params, tokens, max_len: t5.pad_source(
+            t5.init_cache(config, params, tokens, max_decode_len=max_len),
+            api.source_width(tokens.shape[1]),
         ),
         static_argnums=2,
     )

@@ -65,7 +65,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specdec_core.models import t5
+from specdec_core.models import api, t5
 from specdec_core.models.api import rollback
 
 FAMILY = "copy"  # the ``family`` of a copy draft's ModelSpec / BoundModel
@@ -132,6 +132,9 @@ def init_cache(
     source = jnp.asarray(source, jnp.int32)
     if source.ndim != 2 or source.shape[0] != batch_size:
         raise ValueError(f"copy draft: source must be [B={batch_size}, S], got {source.shape}")
+    if source_lengths is None and source.shape[1]:  # padded as models' caches are
+        extra = api.source_width(source.shape[1]) - source.shape[1]
+        source = jnp.pad(source, ((0, 0), (0, extra)), constant_values=pad_id)
     if source_lengths is None:
         mask = source != pad_id
     else:

@@ -340,6 +340,27 @@ def init_cache(
     )
 
 
+def pad_source(cache: T5Cache, width: int) -> T5Cache:
+    """``cache`` with its encoder side (encoder output, cross-attention keys and values,
+    encoder mask) padded to ``width`` positions. The new positions are masked out, so
+    every logit is as without them (``api.source_width`` says why caches are padded)."""
+    extra = width - cache.encoder_mask.shape[1]
+    if extra < 0:
+        raise ValueError(f"cannot pad {cache.encoder_mask.shape[1]} source positions to {width}")
+    if extra == 0:
+        return cache
+
+    def kv(a):
+        return jnp.pad(a, ((0, 0), (0, 0), (0, extra), (0, 0)))
+
+    return cache.replace(
+        cross_keys=tuple(map(kv, cache.cross_keys)),
+        cross_values=tuple(map(kv, cache.cross_values)),
+        encoded=jnp.pad(cache.encoded, ((0, 0), (0, extra), (0, 0))),
+        encoder_mask=jnp.pad(cache.encoder_mask, ((0, 0), (0, extra))),
+    )
+
+
 def _self_attention_bias(config: T5Config, params: Params, cache: T5Cache, num_new: int):
     """Relative position bias plus causal/stale-slot mask: float32 [B, H, K, L]."""
     max_len = cache.self_keys[0].shape[2]
