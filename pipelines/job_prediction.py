@@ -63,6 +63,48 @@ def prediction(rows: Sequence[dict], summary: dict[str, Any], costs) -> dict[str
     }
 
 
+# a γ that decoded less than this share of a run's tokens has its verification's cost
+# interpolated rather than timed (each timed k costs the job about 0.6 s)
+PROBE_SHARE = 0.1
+
+
+def probe_ks(rows: Sequence[dict], share: float = PROBE_SHARE) -> tuple[list[int], list[int]]:
+    """(the target call sizes k to time, those to interpolate) for a run's prediction.
+
+    Timed: k = 1 and 2 always (a later run's γ prior reads the first verified token's
+    cost) and γ + 1 for each γ that decoded at least ``share`` of the run's tokens. The
+    others that the run used (an exploring batch or two) are interpolated by
+    :func:`with_interpolated`: their tokens weigh little in the prediction.
+    """
+    tokens: dict[int, int] = {}
+    for row in rows:
+        tokens[row_gamma(row)] = tokens.get(row_gamma(row), 0) + row["tokens"]
+    total = max(sum(tokens.values()), 1)
+    used = {g + 1 for g in tokens if g}
+    timed = {1, 2} | {g + 1 for g, n in tokens.items() if g and n / total >= share}
+    return sorted(timed), sorted(used - timed)
+
+
+def with_interpolated(target_s: dict[int, float], ks: Sequence[int]) -> dict[int, float]:
+    """``target_s`` with each k of ``ks`` added, linear in k between the nearest timed
+    sizes below and above it (beyond the largest: along the two largest's slope, never
+    below the largest's cost)."""
+    timed = sorted(target_s)
+    if len(timed) < 2:
+        raise ValueError(f"interpolation needs two timed call sizes, got {timed}")
+    filled = dict(target_s)
+    for k in ks:
+        below = max((t for t in timed if t < k), default=timed[0])
+        above = min((t for t in timed if t > k), default=None)
+        if above is None:
+            below, above = timed[-2], timed[-1]
+        slope = (target_s[above] - target_s[below]) / (above - below)
+        filled[k] = target_s[below] + slope * (k - below)
+        if k > timed[-1]:
+            filled[k] = max(filled[k], target_s[timed[-1]])
+    return filled
+
+
 def _loop_timed(rows: Sequence[dict], key: str) -> bool:
     return bool(rows) and all(row.get(key) is not None for row in rows)
 

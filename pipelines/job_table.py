@@ -12,7 +12,11 @@ if TYPE_CHECKING:
 def _step_costs_line(costs: dict | None) -> str:
     if not costs:
         return "n/a"
-    target = ", ".join(f"k={k} {v:.2f}" for k, v in costs["target"].items())
+    guessed = {str(k) for k in costs.get("interpolated") or ()}  # job_prediction.probe_ks
+    target = ", ".join(
+        f"k={k} {v:.2f}" + (" (interpolated)" if k in guessed else "")
+        for k, v in costs["target"].items()
+    )
     fixed = costs.get("batch_fixed")
     return (
         f"target {target}; draft step {costs['draft_step']:.2f}; "

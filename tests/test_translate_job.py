@@ -652,6 +652,24 @@ def _row(record_id, batch, wall_ms, tokens, iterations, accepted, by_position, b
     }  # fmt: skip
 
 
+def test_the_probe_times_the_call_sizes_that_decoded_a_tenth_of_the_tokens():
+    """job_prediction.probe_ks: k = 1, 2 and γ + 1 of each γ with >= 10% of the tokens
+    timed; an exploring γ's k interpolated (each timed k cost the job ~0.6 s)."""
+    rows = [
+        {"accepted_by_position": [1, 0], "tokens": 80},  # γ = 2: timed (k = 3)
+        {"accepted_by_position": [1, 1, 0, 0], "tokens": 5},  # γ = 4: 5%, k = 5 interpolated
+        {"accepted_by_position": [], "tokens": 15},  # γ = 0: no k of its own
+    ]
+    assert job_prediction.probe_ks(rows) == ([1, 2, 3], [5])
+    assert job_prediction.probe_ks(rows, share=0.05) == ([1, 2, 3, 5], [])
+    filled = job_prediction.with_interpolated({1: 5.0, 2: 5.2, 4: 6.0}, [3, 6])
+    assert filled == pytest.approx({1: 5.0, 2: 5.2, 3: 5.6, 4: 6.0, 6: 6.8})
+    # beyond the largest timed k, never below its cost (a noisy slope downwards)
+    assert job_prediction.with_interpolated({1: 5.0, 2: 4.8}, [4])[4] == pytest.approx(4.8)
+    with pytest.raises(ValueError, match="two timed call sizes"):
+        job_prediction.with_interpolated({1: 5.0}, [2])
+
+
 def test_summary_figures_from_rows():
     rows = [
         _row("1", "a", 100.0, 6, 2, 4, [2, 1, 1], 300.0, True),

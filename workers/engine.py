@@ -149,6 +149,12 @@ def _bound_model(spec: ModelSpec) -> BoundModel:
     return _cached_model(spec, _checkpoint_version(spec))
 
 
+def load_models(*specs: ModelSpec) -> list[BoundModel]:
+    """Each spec's BoundModel, loaded into this process's model cache (which
+    :func:`measure_step_costs` and in-process engines read)."""
+    return [_bound_model(spec) for spec in specs]
+
+
 def clear_model_cache() -> None:
     """Forgets the BoundModels built in this process (:func:`_bound_model`)."""
     _cached_model.cache_clear()
