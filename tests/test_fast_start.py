@@ -131,3 +131,22 @@ def test_warm_up_of_a_new_encoder_width_runs_only_what_compiles():
     assert sorted(decode(30)) == sorted(["speculative", *timed])  # 16 -> 32: same loops
     assert sorted(decode(20)) == sorted(timed)  # width 32 again
     assert sorted(decode(100)) == sorted(["speculative", "baseline", *timed])  # width 128
+
+
+def test_a_job_stops_only_a_ray_instance_it_started():
+    """translate._stop_ray: a local Ray instance that the job started shuts down in the
+    background once the pipeline is done; one that it joined (a cluster, the tests'
+    shared instance: ensure_ray returned False) or that is still starting is left alone."""
+    import threading
+
+    from pipelines import translate
+    from workers.background import Background
+
+    assert translate._stop_ray(None) is None  # an in-process job
+    joined = Background(lambda: False, name="joined")
+    joined.wait()
+    assert translate._stop_ray(joined) is None
+    release = threading.Event()
+    starting = Background(lambda: release.wait() and True, name="starting")
+    assert translate._stop_ray(starting) is None  # never waits on a start that hangs
+    release.set()
