@@ -33,7 +33,7 @@ JOB = (
     "translate",
     "--input", "assets/samples/en_de_debian_sample.tsv",
     "--target", "ende_target_debian", "--draft", "ende_draft_debian",
-    "--compare-baseline", "--quiet",
+    "--draft-placement", "target", "--compare-baseline", "--quiet",
 )  # fmt: skip
 PHASES = ("startup", "ray_start", "mlflow", "engine_start", "warmup", "cost_probe")
 
