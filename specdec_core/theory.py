@@ -227,10 +227,15 @@ def iteration_costs(
     is the target's call on one token), a draft step draft_c·target_step_s, and
     ``overhead_s``, the loop's own work per step (sampling, commit, the host), which
     the target decoding alone pays as well: γ = 0 costs target_step_s + overhead_s.
-    ``measured_s``: per-step times measured at some γ; those are used as they are, and
-    each unmeasured γ ≥ 1 takes the model's figure scaled by measured / model at the
-    nearest measured γ ≥ 1 (so the curve's shape comes from the model and its level
-    from measurement).
+    ``measured_s``: per-step times measured at some γ; those are used as they are. An
+    unmeasured γ ≥ 1 between two measured γ (γ = 0 among them) lies on the straight line
+    between them: the measured curve is not straight (in the compiled loop the first
+    drafted token costs about half what each later one does), and a line through the
+    model missed that. Beyond the largest measured γ ≥ 1 the curve goes on along its last
+    measured segment (a cheap first token would otherwise make longer blocks look cheap);
+    with only one measured point it takes the model's figure scaled by measured / model
+    at the nearest measured γ ≥ 1 (the curve's shape from the model, its level from
+    measurement).
     """
     if gamma_max < 0:
         raise ValueError(f"gamma_max must be >= 0, got {gamma_max}")
@@ -250,8 +255,18 @@ def iteration_costs(
     anchors = sorted(g for g in measured if g >= 1)
     costs = {}
     for g in range(gamma_max + 1):
+        below = [a for a in measured if a < g]
+        above = [a for a in measured if a > g]
         if g in measured:
             costs[g] = float(measured[g])
+        elif g >= 1 and below and above:
+            low, high = max(below), min(above)
+            share = (g - low) / (high - low)
+            costs[g] = float(measured[low] + share * (measured[high] - measured[low]))
+        elif g >= 1 and anchors and len(below) >= 2:  # past the last measured segment
+            last, before = sorted(below)[-1], sorted(below)[-2]
+            per_token = max((measured[last] - measured[before]) / (last - before), 0.0)
+            costs[g] = float(measured[last] + (g - last) * per_token)
         elif g >= 1 and anchors:
             near = min(anchors, key=lambda a: (abs(a - g), a))
             costs[g] = model(g) * measured[near] / model(near)

@@ -701,3 +701,44 @@ def test_a_new_encoder_width_of_a_compiled_program_shape_is_timed():
     policy.decode_baseline(long, baseline(0.8))  # its loop is compiled: timed, run once
     assert calls == [0.4, 0.8]
     assert policy.costs()[0] == pytest.approx(0.8 / 8)
+
+
+def test_costs_between_two_timed_block_lengths_lie_on_the_line_between_them():
+    """The compiled loop's first drafted token costs about half what each later one does,
+    so the γ between two timed ones are interpolated, not priced by the linear model."""
+    costs = theory.iteration_costs(
+        4, target_step_s=1.0, draft_c=0.1, target_slope=0.0, measured_s={0: 1.0, 1: 1.02, 4: 1.5}
+    )
+    assert costs[2] == pytest.approx(1.02 + 0.48 / 3) and costs[3] == pytest.approx(1.02 + 0.96 / 3)
+    # beyond the largest timed γ: along the last timed segment
+    tail = theory.iteration_costs(
+        4, target_step_s=1.0, draft_c=0.1, target_slope=0.0, measured_s={0: 1.0, 1: 1.02, 2: 1.3}
+    )
+    assert tail[4] == pytest.approx(1.3 + 2 * 0.28)
+    # with one timed γ >= 1 alone: the model, scaled at it
+    alone = theory.iteration_costs(
+        4, target_step_s=1.0, draft_c=0.1, target_slope=0.0, measured_s={2: 1.3}
+    )
+    assert alone[4] == pytest.approx(1.4 * 1.3 / 1.2)
+
+
+def test_gamma_1_is_timed_to_anchor_the_curve_while_a_longer_block_is_best():
+    """While the best is γ >= 2 and γ = 1 is untimed but estimated within 20% of it, an
+    exploring batch times γ = 1 (before the neighbours within 10%): the linear model
+    prices γ = 1 too dear, and a job that a noisy prior started at γ = 4 had walked down
+    one γ at a time (42 of 50 batches at γ = 4, 1.05x, where γ = 1 gave 1.22x)."""
+    prior = GammaPrior(alpha=0.4, draft_c=0.05, target_slope=0.0, overhead=0.0)
+    policy = AdaptiveGamma(4, prior=prior, explore_every=2)
+    _observe(policy, 0, per_position=[], seconds_per_step=1.0)
+    _observe(policy, 3, per_position=[0.4, 0.7, 0.7], seconds_per_step=1.25)
+    gains = policy.improvements()
+    assert max(gains, key=gains.get) == 3
+    assert 0.8 * gains[3] <= gains[1] < 0.9 * gains[3] <= gains[2]  # only the anchor rule
+    assert policy.choose() == 3  # not an exploring batch (one in explore_every = 2)
+    _observe(policy, 3, per_position=[0.4, 0.7, 0.7], seconds_per_step=1.25)
+    assert policy.choose() == 1  # γ = 2, next to the best, would have been tried before
+    _observe(policy, 1, per_position=[0.4], iterations=60, seconds_per_step=1.01)
+    assert policy.costs()[2] == pytest.approx(1.13)  # between γ = 1 and γ = 3, timed
+    assert policy.costs()[4] == pytest.approx(1.37)  # along the γ = 1 to 3 segment
+    gains = policy.improvements()
+    assert policy.choose() == max(gains, key=gains.get) != 4

@@ -63,6 +63,9 @@ EXPLORE_MARGIN = 0.05
 # timed before the estimate is trusted (NEIGHBOUR_STEPS loop steps of it)
 NEIGHBOUR_MARGIN = 0.1
 NEIGHBOUR_STEPS = 48
+# γ = 1 anchors the measured cost curve (the first drafted token is the cheapest): while
+# the best is γ ≥ 2 and γ = 1 is estimated within this share of it, it is timed too
+ANCHOR_MARGIN = 0.2
 MAX_SLOPE = 10.0  # a batch-1 growth per token beyond this reads as "verification never pays"
 
 
@@ -274,17 +277,24 @@ class AdaptiveGamma:
             return best
 
     def _untimed_neighbour(self, best: int, gains: dict[int, float]) -> int | None:
-        """γ ± 1 of the best (≥ 1) with fewer than :data:`NEIGHBOUR_STEPS` timed loop
-        steps whose estimated gain is within :data:`NEIGHBOUR_MARGIN` of the best's.
-        An untimed γ is priced by the model (a drafted token's cost, fitted linearly): the
-        first drafted token costs less than the later ones in the compiled loop (the
-        draft's first call carries two tokens and no scan step), so γ = 1 read dearer than
-        it was and the job stayed at γ = 2, 4% slower."""
-        for gamma in (best - 1, best + 1):
+        """γ = 1 while the best is γ ≥ 2, if estimated within :data:`ANCHOR_MARGIN` of it;
+        else γ ± 1 of the best (≥ 1) within :data:`NEIGHBOUR_MARGIN`; either only while
+        it has fewer than :data:`NEIGHBOUR_STEPS` timed loop steps. An untimed γ is priced
+        by the model (a drafted token's cost, fitted linearly): the first drafted token
+        costs less than the later ones in the compiled loop (the draft's first call carries
+        two tokens and no scan step), so γ = 1 read dearer than it was and the job stayed
+        at γ = 2, 4% slower. Timed, γ = 1 anchors the curve (``theory.iteration_costs``
+        puts the γ between two timed ones on the line between them): from the γ = 4 that a
+        noisy prior started it at, a job had walked down one γ at a time and ran 42 of 50
+        batches at γ = 4 (1.05×, where γ = 1 gives 1.22×)."""
+        candidates = [(best - 1, NEIGHBOUR_MARGIN), (best + 1, NEIGHBOUR_MARGIN)]
+        if best >= 2:
+            candidates.insert(0, (1, ANCHOR_MARGIN))
+        for gamma, margin in candidates:
             if (
                 1 <= gamma <= self.gamma_max
                 and self._time.get(gamma, (0.0, 0))[1] < NEIGHBOUR_STEPS
-                and gains[gamma] >= (1.0 - NEIGHBOUR_MARGIN) * gains[best]
+                and gains[gamma] >= (1.0 - margin) * gains[best]
             ):
                 return gamma
         return None
