@@ -27,6 +27,10 @@ so that a pessimistic prior can be corrected, as long as γ = 1 may still pay (p
 γ = 0 is final. The draft's c, once γ = 0 and a γ ≥ 1 are measured, is fitted to the
 loop's own steps (:meth:`AdaptiveGamma.fitted_c`): the γ not yet measured are priced
 with what a drafted token costs inside the loop, not what a draft call costs alone.
+While a γ ≥ 1 is the choice, one batch in ``explore_every`` times an untimed γ that may
+be as good (:meth:`AdaptiveGamma._untimed_neighbour`): γ = 1 first, which anchors the
+measured cost curve (the loop's first drafted token is its cheapest), then γ ± 1 of the
+best. Between timed γ the costs are interpolated (``theory.iteration_costs``).
 
 The target's cost growth depends on the batch: a call scores rows·k tokens, so at
 batch 16 one more verified token per row adds 16 tokens of work to the call. The prior's
