@@ -30,6 +30,7 @@ so a request's output does not depend on its batch, its position in it or restar
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -85,6 +86,13 @@ class DecodeResult:
 
     def row_tokens(self, row: int) -> list[int]:
         return self.tokens[row, : self.lengths[row]].tolist()
+
+
+def measured_loop_s(result) -> float | None:
+    """``result.loop_s`` where the engine timed its decode loop apart, else None (a
+    result without the field, or NaN)."""
+    loop_s = getattr(result, "loop_s", float("nan"))
+    return float(loop_s) if math.isfinite(loop_s) else None
 
 
 def request_keys(seed: int, request_ids: jax.Array) -> jax.Array:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 from collections.abc import Sequence
 
 import numpy as np
 
+from specdec_core.decoding import measured_loop_s
 from specdec_core.models import api
 from specdec_core.models.t5 import EOS_ID
 from specdec_core.sampling import GREEDY, SamplingConfig
@@ -152,8 +152,8 @@ def pack(requests: Sequence[Request], settings: DecodeSettings) -> PackedBatch:
 
 def unpack(batch: PackedBatch, result, *, wall_ms: float) -> list[Generation]:
     """One ``Generation`` per real request from a ``decoding.DecodeResult``."""
-    loop_s = getattr(result, "loop_s", float("nan"))
-    loop_ms = 1e3 * loop_s if math.isfinite(loop_s) else None
+    loop_s = measured_loop_s(result)
+    loop_ms = None if loop_s is None else 1e3 * loop_s
     return [
         Generation(
             id=request_id,

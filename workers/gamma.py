@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from specdec_core import theory
-from specdec_core.decoding import DecodeResult
+from specdec_core.decoding import DecodeResult, measured_loop_s
 from workers.batching import PackedBatch
 
 DEFAULT_GAMMA_MAX = 4
@@ -428,5 +428,5 @@ def _loop_seconds(result: DecodeResult, wall_s: float) -> float:
     """The batch's decode loop alone where the engine timed it (``loop_s``), else its
     wall time. The encoder and the prefill cost the same at every γ, so they only blur
     the per-step costs that the choice compares."""
-    loop_s = getattr(result, "loop_s", float("nan"))
-    return float(loop_s) if math.isfinite(loop_s) else wall_s
+    loop_s = measured_loop_s(result)
+    return wall_s if loop_s is None else loop_s
