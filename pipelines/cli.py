@@ -358,8 +358,11 @@ def entry() -> None:
         import atexit
 
         atexit._run_exitfuncs()  # Ray, MLflow and logging handlers, as a normal exit runs them
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe (``| head``): nothing more to say
+                pass
         os._exit(code)
     sys.exit(code)
 
