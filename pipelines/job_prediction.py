@@ -40,11 +40,8 @@ def prediction(rows: Sequence[dict], summary: dict[str, Any], costs) -> dict[str
     fixed_s = max(base_wall_s - base_loop_s, 0.0)
     overhead = max(base_step_s - costs.target_s[1], 0.0)
     full = dataclasses.replace(costs, overhead_s=overhead, baseline_overhead_s=overhead)
-    tokens_by_gamma: dict[int, int] = {}
-    for row in rows:
-        tokens_by_gamma[row_gamma(row)] = tokens_by_gamma.get(row_gamma(row), 0) + row["tokens"]
     in_loop = cost_model.predicted_tokens_speedup(
-        summary["acceptance_by_position"], tokens_by_gamma, full
+        summary["acceptance_by_position"], _tokens_by_gamma(rows), full
     )
     # speculation speeds up the loop; the batches' fixed work costs what it costs
     predicted = (fixed_s + base_loop_s) / (fixed_s + base_loop_s / in_loop)
@@ -76,9 +73,7 @@ def probe_ks(rows: Sequence[dict], share: float = PROBE_SHARE) -> tuple[list[int
     others that the run used (an exploring batch or two) are interpolated by
     :func:`with_interpolated`: their tokens weigh little in the prediction.
     """
-    tokens: dict[int, int] = {}
-    for row in rows:
-        tokens[row_gamma(row)] = tokens.get(row_gamma(row), 0) + row["tokens"]
+    tokens = _tokens_by_gamma(rows)
     total = max(sum(tokens.values()), 1)
     used = {g + 1 for g in tokens if g}
     timed = {1, 2} | {g + 1 for g, n in tokens.items() if g and n / total >= share}
@@ -89,20 +84,19 @@ def with_interpolated(target_s: dict[int, float], ks: Sequence[int]) -> dict[int
     """``target_s`` with each k of ``ks`` added, linear in k between the nearest timed
     sizes below and above it (beyond the largest: along the two largest's slope, never
     below the largest's cost)."""
-    timed = sorted(target_s)
-    if len(timed) < 2:
-        raise ValueError(f"interpolation needs two timed call sizes, got {timed}")
-    filled = dict(target_s)
-    for k in ks:
-        below = max((t for t in timed if t < k), default=timed[0])
-        above = min((t for t in timed if t > k), default=None)
-        if above is None:
-            below, above = timed[-2], timed[-1]
-        slope = (target_s[above] - target_s[below]) / (above - below)
-        filled[k] = target_s[below] + slope * (k - below)
-        if k > timed[-1]:
-            filled[k] = max(filled[k], target_s[timed[-1]])
-    return filled
+    from specdec_core import theory
+
+    if len(target_s) < 2:
+        raise ValueError(f"interpolation needs two timed call sizes, got {sorted(target_s)}")
+    return {**target_s, **{k: theory.along_segments(target_s, k) for k in ks}}
+
+
+def _tokens_by_gamma(rows: Sequence[dict]) -> dict[int, int]:
+    """Tokens the run decoded at each γ (0: by the target alone)."""
+    tokens: dict[int, int] = {}
+    for row in rows:
+        tokens[row_gamma(row)] = tokens.get(row_gamma(row), 0) + row["tokens"]
+    return tokens
 
 
 def _loop_timed(rows: Sequence[dict], key: str) -> bool:

@@ -259,20 +259,34 @@ def iteration_costs(
         above = [a for a in measured if a > g]
         if g in measured:
             costs[g] = float(measured[g])
-        elif g >= 1 and below and above:
-            low, high = max(below), min(above)
-            share = (g - low) / (high - low)
-            costs[g] = float(measured[low] + share * (measured[high] - measured[low]))
-        elif g >= 1 and anchors and len(below) >= 2:  # past the last measured segment
-            last, before = sorted(below)[-1], sorted(below)[-2]
-            per_token = max((measured[last] - measured[before]) / (last - before), 0.0)
-            costs[g] = float(measured[last] + (g - last) * per_token)
+        elif g >= 1 and ((below and above) or len(below) >= 2):
+            costs[g] = along_segments(measured, g)
         elif g >= 1 and anchors:
             near = min(anchors, key=lambda a: (abs(a - g), a))
             costs[g] = model(g) * measured[near] / model(near)
         else:
             costs[g] = model(g)
     return costs
+
+
+def along_segments(points: Mapping[int, float], x: int) -> float:
+    """The value at ``x`` of the piecewise-linear curve through ``points`` (x -> value): on
+    the line between the nearest points below and above ``x``; past the largest, along the
+    last segment, never below the last point (a cost does not fall with more tokens).
+    ``iteration_costs`` prices untimed block lengths with it, and a job's prediction the
+    verification sizes its cost probe did not time (``pipelines.job_prediction``)."""
+    if x in points:
+        return float(points[x])
+    below = sorted(k for k in points if k < x)
+    above = [k for k in points if k > x]
+    if below and above:
+        low, high = below[-1], min(above)
+        return float(points[low] + (x - low) / (high - low) * (points[high] - points[low]))
+    if len(below) < 2:
+        raise ValueError(f"no segment of {sorted(points)} reaches {x}")
+    last, before = below[-1], below[-2]
+    per_step = max((points[last] - points[before]) / (last - before), 0.0)
+    return float(points[last] + (x - last) * per_step)
 
 
 def gamma_improvements(betas, costs: Mapping[int, float]) -> dict[int, float]:
