@@ -150,3 +150,27 @@ def test_a_job_stops_only_a_ray_instance_it_started():
     starting = Background(lambda: release.wait() and True, name="starting")
     assert translate._stop_ray(starting) is None  # never waits on a start that hangs
     release.set()
+
+
+STOPS_ITS_RAY = """
+import json, os
+os.environ["RAY_AUTH_MODE"] = "disabled"
+import ray
+from pipelines import translate
+from workers.background import Background
+from workers.spec import ensure_ray
+started = Background(lambda: ensure_ray(num_cpus=1), name="ray-start", hold=bool)
+started.wait()
+up = ray.is_initialized()
+stop = translate._stop_ray(started)
+stop.wait()
+print(json.dumps({"up": up, "stopped": stop is not None, "down": not ray.is_initialized()}))
+"""
+
+
+def test_a_job_stops_the_ray_instance_it_started():
+    out = _python(STOPS_ITS_RAY)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {
+        "up": True, "stopped": True, "down": True,
+    }  # fmt: skip
