@@ -445,12 +445,83 @@ def recover_and_propose(
     propose = _propose(draft, gamma, config, False)
 
     def step(cache, state: DecodeState, draft_tokens, draft_probs, n_accepted, target_at_n):
-        uniforms = verify_uniforms(state, gamma)
-        next_token = acceptance.draft_half(draft_probs, n_accepted, target_at_n, uniforms)
-        verdict = acceptance.Verdict(n_accepted=n_accepted, next_token=next_token)
-        new_state = commit(state, draft_tokens, verdict, eos_id)
+        new_state, _ = _recover_commit(
+            state, draft_tokens, draft_probs, n_accepted, target_at_n, eos_id
+        )
         tokens, probs, cache = propose(cache, new_state)
         return new_state, tokens, probs, acceptance.token_probs(probs, tokens), cache
+
+    return step
+
+
+def _recover_commit(state, draft_tokens, draft_probs, n_accepted, target_at_n, eos_id):
+    """The recovered/bonus token drawn (the draft's half of the rule) and committed:
+    (state', next_token [B])."""
+    uniforms = verify_uniforms(state, draft_tokens.shape[1])
+    next_token = acceptance.draft_half(draft_probs, n_accepted, target_at_n, uniforms)
+    verdict = acceptance.Verdict(n_accepted=n_accepted, next_token=next_token)
+    return commit(state, draft_tokens, verdict, eos_id), next_token
+
+
+# ---------------------------------------------------------------- pipelined speculation
+#
+# While the target verifies block i, the draft proposes block i+1 as if every token
+# of block i were accepted and the target's bonus token were the draft's own most
+# likely next token (the guess): ``propose_ahead``. When the target's verdict comes,
+# ``settle`` draws the recovered/bonus token and commits, as ``recover_and_propose``
+# does, and says per row whether the early block is the one the draft would propose
+# now (every token accepted, the bonus token equal to the guess, or the row done).
+# Those rows keep it; the others get a fresh proposal (``propose_missed``). An early
+# block is the very computation the sequential loop makes on the same cache, state
+# and keys, so the tokens are the sequential loop's, bit for bit, at every
+# temperature; and any proposal is exact under the rule as long as it is checked
+# against the q it was drawn from.
+
+
+def propose_ahead(draft: Forward, gamma: int, config: sampling.SamplingConfig, eos_id: int | None):
+    """The draft's early proposal of the next block (pure; the caller jits it).
+
+    ``(draft_cache, state, draft_tokens [B, γ]) -> (guess [B], tokens [B, γ],
+    probs [B, γ, V], token_probs [B, γ], draft_cache)``: feeds x_γ (the cache holds
+    the block up to x_{γ-1}), takes the most likely next token as the guess of the
+    bonus token, and proposes from the state that committing all γ tokens and the
+    guess would give. Positions before x_γ are left as they were, so a fresh
+    proposal after a rejection finds the cache it expects.
+    """
+    propose = _propose(draft, gamma, config, False)
+
+    def step(cache, state: DecodeState, draft_tokens):
+        logits, cache = draft(rollback(cache, state.seq_lengths + gamma - 1), draft_tokens[:, -1:])
+        guess = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+        everything = jnp.full_like(state.n_generated, gamma)
+        ahead = commit(state, draft_tokens, acceptance.Verdict(everything, guess), eos_id)
+        tokens, probs, cache = propose(cache, ahead)
+        return guess, tokens, probs, acceptance.token_probs(probs, tokens), cache
+
+    return step
+
+
+def settle(state: DecodeState, draft_tokens, draft_probs, n_accepted, target_at_n, guess, eos_id):
+    """The draft's half of the rule and the commit, as in :func:`recover_and_propose`,
+    after :func:`propose_ahead`: (state', hit [B]), hit where the early block stands."""
+    new_state, next_token = _recover_commit(
+        state, draft_tokens, draft_probs, n_accepted, target_at_n, eos_id
+    )
+    everything = n_accepted == draft_tokens.shape[1]
+    return new_state, new_state.done | (everything & (next_token == guess))
+
+
+def propose_missed(draft: Forward, gamma: int, config: sampling.SamplingConfig):
+    """A fresh proposal for the rows whose early block does not stand (pure; the caller
+    jits it): ``(draft_cache, state', hit [B], early tokens, early probs) -> (tokens,
+    probs, token_probs, draft_cache)``, the early block kept where ``hit``."""
+    propose = _propose(draft, gamma, config, False)
+
+    def step(cache, state: DecodeState, hit, early_tokens, early_probs):
+        tokens, probs, cache = propose(cache, state)
+        tokens = jnp.where(hit[:, None], early_tokens, tokens)
+        probs = jnp.where(hit[:, None, None], early_probs, probs)
+        return tokens, probs, acceptance.token_probs(probs, tokens), cache
 
     return step
 
