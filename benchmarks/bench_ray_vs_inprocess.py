@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from workers.coordinator import RayEngine, ensure_ray
+from workers.ray_engine import RayEngine, ensure_ray
 from workers.spec import DRAFT_PLACEMENTS, TRANSPORTS
 
 ensure_ray(num_cpus=8)  # before JAX starts threads; logical CPUs for all engines' actors

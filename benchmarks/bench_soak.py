@@ -32,7 +32,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from workers.coordinator import RayEngine, ensure_ray  # noqa: E402
+from workers.ray_engine import RayEngine, ensure_ray  # noqa: E402
 
 ensure_ray()  # before JAX starts threads
 

@@ -576,7 +576,7 @@ def test_a_ray_job_completes_identically_while_its_workers_ports_are_attacked(ra
     """Real workers (transport "socket", the draft in its own actor), a hostile client
     on both workers' ports during the job: the same tokens as the in-process engine."""
     from tests.test_workers import CONFIG, _inprocess, _requests
-    from workers.coordinator import RayEngine
+    from workers.ray_engine import RayEngine
     from workers.spec import ModelSpec
 
     settings = DecodeSettings(

@@ -403,7 +403,7 @@ def test_bad_copy_references_are_named(ref, role, message):
 def test_ray_workers_run_the_copy_draft_as_in_process(ray_local, t5_target, temperature):
     """The composite draft's spec crosses to a Ray worker, loads there, and its tokens
     and acceptances equal the in-process engine's."""
-    from workers.coordinator import RayEngine
+    from workers.ray_engine import RayEngine
     from workers.spec import ModelSpec
 
     draft = model_resolver.resolve_model(

@@ -92,7 +92,7 @@ def test_a_mesh_larger_than_the_devices_says_how_to_get_host_devices():
 def test_a_sharded_target_in_its_ray_worker_gives_the_unsharded_tokens(
     ray_local, tmp_path, temperature
 ):
-    from workers.coordinator import RayEngine
+    from workers.ray_engine import RayEngine
 
     path = _target_yaml(tmp_path, mesh={"data": 1, "model": 8}, env={"XLA_FLAGS": HOST_DEVICES})
     target = model_resolver.resolve_model(path, role="target").spec

@@ -98,30 +98,40 @@ def _decode_with_kills(ray, engine, watched, kill):
     return got, before != after, restarts
 
 
-def _engine(temperature, *, draft_placement="coordinator", transport="socket", **options):
-    from workers.coordinator import RayEngine
+def _engine(
+    temperature, *, draft_placement="coordinator", transport="socket", pipelined=False, **options
+):
+    from workers.ray_engine import RayEngine
 
-    config = EngineConfig(kind="ray", draft_placement=draft_placement, transport=transport)
+    config = EngineConfig(
+        kind="ray", draft_placement=draft_placement, transport=transport, pipelined=pipelined
+    )
     return RayEngine(TARGET, DRAFT, _settings(temperature), config=config, **options)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "temperature,role,placement,transport",
+    "temperature,role,placement,transport,pipelined",
     [
-        (0.0, "target", "coordinator", "socket"),
-        (1.0, "target", "coordinator", "socket"),
-        (1.0, "target", "worker", "ray"),
-        (0.0, "draft", "worker", "socket"),
-        (1.0, "draft", "worker", "socket"),
-        (1.0, "draft", "worker", "ray"),
+        (0.0, "target", "coordinator", "socket", False),
+        (1.0, "target", "coordinator", "socket", False),
+        (1.0, "target", "worker", "ray", False),
+        (0.0, "draft", "worker", "socket", False),
+        (1.0, "draft", "worker", "socket", False),
+        (1.0, "draft", "worker", "ray", False),
+        # pipelined: a death while the draft proposes ahead or the target verifies
+        (1.0, "target", "coordinator", "socket", True),
+        (0.0, "draft", "worker", "socket", True),
+        (1.0, "draft", "worker", "ray", True),
     ],
 )
 def test_a_killed_worker_comes_back_and_the_outputs_are_identical(
-    ray_local, temperature, role, placement, transport
+    ray_local, temperature, role, placement, transport, pipelined
 ):
     ray = ray_local
-    engine = _engine(temperature, draft_placement=placement, transport=transport)
+    engine = _engine(
+        temperature, draft_placement=placement, transport=transport, pipelined=pipelined
+    )
     actor = getattr(engine, role)
     pids = [ray.get(actor.pid.remote())]
 
@@ -328,14 +338,14 @@ def _job_with_a_killed_target(monkeypatch, root, name, **engine_options):
     call (in the first batches: the warm-up or the first timed one)."""
     import ray
 
-    from workers import coordinator
+    from workers import ray_engine
 
-    class KilledTarget(coordinator.RayEngine):
+    class KilledTarget(ray_engine.RayEngine):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **(kwargs | engine_options))
             ray.get(self.target.kill_after.remote(5))
 
-    monkeypatch.setattr(coordinator, "RayEngine", KilledTarget)
+    monkeypatch.setattr(ray_engine, "RayEngine", KilledTarget)
     return _job(root, name, "ray")
 
 

@@ -50,10 +50,10 @@ def test_bad_settings_are_named():
         DecodeSettings(batch_size=0)
 
 
-def _inprocess(settings):
+def _inprocess(settings, draft_seed: int = 1):
     return InProcessEngine(
         bound.load_model("target", "t5", CONFIG, init_seed=0),
-        bound.load_model("draft", "t5", CONFIG, init_seed=1),
+        bound.load_model("draft", "t5", CONFIG, init_seed=draft_seed),
         settings,
     )
 
@@ -81,13 +81,13 @@ def _ray_settings(temperature: float) -> DecodeSettings:
     )
 
 
-def _ray_engine(settings: DecodeSettings, **config):
+def _ray_engine(settings: DecodeSettings, draft_seed: int = 1, **config):
     """A RayEngine of the random target and draft with ``EngineConfig(**config)``."""
-    from workers.coordinator import RayEngine
+    from workers.ray_engine import RayEngine
 
     return RayEngine(
         ModelSpec(name="target", family="t5", config=CONFIG, init_seed=0),
-        ModelSpec(name="draft", family="t5", config=CONFIG, init_seed=1),
+        ModelSpec(name="draft", family="t5", config=CONFIG, init_seed=draft_seed),
         settings,
         config=EngineConfig(kind="ray", **config),
     )
@@ -126,6 +126,49 @@ def test_ray_workers_equal_inprocess(ray_local, temperature, placement, transpor
     assert traffic["iterations"] == sum(per_batch)
     assert traffic["bytes_per_iteration"] < rows * 4 * VOCAB * 2 + 4096
     assert traffic["bytes_per_iteration"] < rows * 4 * VOCAB * (gamma + 1)
+
+
+@pytest.mark.parametrize(
+    "temperature,placement,transport,draft_seed",
+    [
+        (0.0, "coordinator", "socket", 0),  # the target as its own draft: blocks kept
+        (1.0, "coordinator", "socket", 1),
+        (0.0, "worker", "socket", 0),
+        (1.0, "worker", "ray", 0),  # the chained Ray calls
+        (0.0, "coordinator", "ray", 1),
+    ],
+)
+def test_pipelined_ray_workers_equal_inprocess(
+    ray_local, temperature, placement, transport, draft_seed
+):
+    """``pipelined``: the draft proposes each next block while the target verifies; the
+    same tokens and acceptance counts as the in-process (sequential) loop, and every
+    iteration settles an early block (kept whole where the draft is the target, at
+    T = 0: its guess of the bonus token is the target's greedy token)."""
+    settings = _ray_settings(temperature)
+    reqs = _requests(4, offset=10)
+    local = _inprocess(settings, draft_seed)
+    engine = _ray_engine(
+        settings, draft_seed, draft_placement=placement, transport=transport, pipelined=True
+    )
+    assert engine.transport == transport
+    try:
+        remote = engine.generate(reqs[:2]) + engine.generate(reqs[2:])
+        traffic = engine.traffic()
+    finally:
+        engine.close()
+    expected = local.generate(reqs[:2]) + local.generate(reqs[2:])
+    assert [g.tokens for g in remote] == [g.tokens for g in expected]
+    assert [g.accepted for g in remote] == [g.accepted for g in expected]
+    assert traffic["early_blocks_proposed"] == traffic["iterations"]
+    if draft_seed == 0 and temperature == 0:
+        assert traffic["early_blocks_kept"] == traffic["early_blocks_proposed"]
+
+
+def test_pipelined_needs_a_draft_in_its_own_process():
+    for config in ({"kind": "inprocess"}, {"kind": "ray", "draft_placement": "target"}):
+        with pytest.raises(ValueError, match="--pipelined needs"):
+            EngineConfig(pipelined=True, **config)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -189,7 +232,7 @@ def test_killed_target_worker_is_a_clear_error_not_a_hang(ray_local):
 
     import ray
 
-    from workers.coordinator import RayEngine
+    from workers.ray_engine import RayEngine
     from workers.recovery import WorkerLost
 
     settings = DecodeSettings(gamma=3, max_new_tokens=12, batch_size=1)

@@ -59,7 +59,7 @@ LOG = logging.getLogger("specdec.channel")
 
 # The per-iteration calls of ModelWorker (workers.model_worker.WIRE_METHODS): the
 # method id in a frame is the index in this table.
-METHODS = ("propose_first", "score", "recover_and_propose")
+METHODS = ("propose_first", "score", "recover_and_propose", "propose_ahead", "settle")
 MAX_FRAME = 256 << 20  # bytes of payload; a larger header is a corrupted or hostile frame
 HANDSHAKE_TIMEOUT_S = 10.0
 HOST_ENV = "SPECDEC_CHANNEL_HOST"

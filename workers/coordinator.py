@@ -1,4 +1,4 @@
-"""The speculative coordinator and the Ray engine.
+"""The speculative coordinator: the loop of a batch between a draft and a target worker.
 
 ``SpeculativeCoordinator`` drives the loop of one batch between a draft worker and a
 target worker (both :class:`workers.model_worker.ModelWorker` actors): per iteration
@@ -11,9 +11,13 @@ or as Ray actor calls, where a draft actor gets the target's result as an Object
 Arguments and results cross as one blob per call (:mod:`workers.wire`); the
 coordinator counts every byte that crosses between processes.
 
-``RayEngine`` is what jobs use: it starts (or joins, with ``EngineConfig.ray_address``) a Ray
-instance, places the two workers and a coordinator as actors, and exposes the
-engine interface of :mod:`workers.engine`.
+Pipelined (``pipelined=True``), the draft proposes the next block while the target
+verifies this one: a ``propose_ahead`` call, which returns at once, before the target's
+``score``, and ``settle`` instead of ``recover_and_propose`` (:mod:`specdec_core.decoding`,
+"pipelined speculation"). The tokens are the sequential loop's.
+
+:class:`workers.ray_engine.RayEngine`, what jobs use, places the workers and a
+coordinator as Ray actors.
 
 Workers that die come back (:mod:`workers.recovery`): every actor has
 ``max_restarts``; when a worker's process goes away mid-batch, the coordinator waits
@@ -26,18 +30,15 @@ keeps dying fails the batch with :class:`~workers.recovery.WorkerLost`.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 import uuid
-from collections.abc import Sequence
 
 from specdec_core import decoding
-from workers import recovery, spec, wire
-from workers.batching import DecodeSettings, Generation, PackedBatch, Request, pack, unpack
+from workers import recovery, wire
+from workers.batching import DecodeSettings, PackedBatch
 from workers.channel import ChannelClient, ChannelClosed, new_secret
-from workers.engine import EngineConfig
-from workers.spec import DEFAULT_TRANSPORT, ModelSpec, check_shared_vocabulary, ensure_ray
+from workers.spec import DEFAULT_TRANSPORT, ModelSpec
 
 
 class SpeculativeCoordinator(recovery.Restartable):
@@ -62,6 +63,7 @@ class SpeculativeCoordinator(recovery.Restartable):
         restart_timeout_s: float = recovery.DEFAULT_RESTART_TIMEOUT_S,
         channel_secret: bytes | None = None,
         in_target: bool = False,
+        pipelined: bool = False,
     ):
         import ray
 
@@ -80,6 +82,10 @@ class SpeculativeCoordinator(recovery.Restartable):
             raise ValueError("give exactly one of a draft actor and draft_spec")
         self.traffic_bytes = 0
         self.iterations = 0
+        # The draft proposes the next block while the target verifies (workers/model_worker:
+        # propose_ahead, settle); without it, after (recover_and_propose).
+        self.pipelined = pipelined
+        self._commit_method = "settle" if pipelined else "recover_and_propose"
         self.transport = transport
         self._target_channel = self._draft_channel = None
         self._channel_secret = channel_secret or new_secret()  # the job's (RayEngine's)
@@ -105,12 +111,7 @@ class SpeculativeCoordinator(recovery.Restartable):
 
     def _open_channels(self) -> None:
         """Connects to each remote worker's channel; falls back to Ray calls if one fails."""
-        ray = self._ray
-        remote = (
-            {"target": self.target}
-            if self.draft is None
-            else {"target": self.target, "draft": self.draft}
-        )
+        ray, remote = self._ray, self._remote_workers()
         try:
             secret = self._channel_secret
             addresses = ray.get([actor.open_channel.remote(secret) for actor in remote.values()])
@@ -149,9 +150,14 @@ class SpeculativeCoordinator(recovery.Restartable):
         return wire.loads(self._ray.get(self.draft.call.remote(method, wire.dumps(args))))
 
     def _iterate(self, batch_id, state, tokens, token_probs, settings):
-        """One iteration: (committed state, next tokens, their q, bytes, target seconds)."""
+        """One iteration: (committed state, next tokens, their q, bytes, target seconds).
+
+        Pipelined, the draft's early proposal of the next block is started first (the
+        call returns at once) and runs while the target scores this block."""
         if self.local_draft is None and self._draft_channel is None:
             return self._iterate_chained(batch_id, state, tokens, token_probs, settings)
+        if self.pipelined:
+            self._draft_call("propose_ahead", batch_id, state, settings)
         t0 = time.perf_counter()
         to_target = wire.dumps((batch_id, state, tokens, token_probs, settings))
         if self._target_channel is not None:
@@ -161,13 +167,12 @@ class SpeculativeCoordinator(recovery.Restartable):
         score_s = time.perf_counter() - t0
         crossed = len(to_target) + len(score_blob)
         if self.local_draft is not None:
-            committed = self.local_draft.recover_and_propose(
-                batch_id, state, settings, *wire.loads(score_blob)
-            )
+            commit = getattr(self.local_draft, self._commit_method)
+            committed = commit(batch_id, state, settings, *wire.loads(score_blob))
             return (*committed, crossed, score_s)
         # The draft's channel: the target's result crosses a second time, to the draft.
         to_draft = wire.dumps((batch_id, state, settings))
-        result = self._draft_channel.call("recover_and_propose", to_draft, score_blob)
+        result = self._draft_channel.call(self._commit_method, to_draft, score_blob)
         crossed += len(to_draft) + len(score_blob) + len(result)
         return (*wire.loads(result), crossed, score_s)
 
@@ -176,11 +181,13 @@ class SpeculativeCoordinator(recovery.Restartable):
         target's result as an ObjectRef, handed over when the target is done, with no
         round trip through here (the result is counted once)."""
         ray = self._ray
+        to_draft = wire.dumps((batch_id, state, settings))
+        if self.pipelined:  # the draft's actor runs its calls in order: this one first
+            self.draft.call.remote("propose_ahead", to_draft)
         t0 = time.perf_counter()
         to_target = wire.dumps((batch_id, state, tokens, token_probs, settings))
         scored = self.target.call.remote("score", to_target)
-        to_draft = wire.dumps((batch_id, state, settings))
-        committed = self.draft.call.remote("recover_and_propose", to_draft, scored)
+        committed = self.draft.call.remote(self._commit_method, to_draft, scored)
         ray.wait([scored], fetch_local=False)
         score_s = time.perf_counter() - t0
         score_blob = ray.get(scored)  # first: a dead target's error, not the draft's
@@ -306,185 +313,16 @@ class SpeculativeCoordinator(recovery.Restartable):
         )
 
     def traffic(self) -> dict:
-        return {
+        traffic = {
             "iterations": self.iterations,
             "bytes": self.traffic_bytes,
             "bytes_per_iteration": self.traffic_bytes / max(self.iterations, 1),
             "resumes": self.resumes,
         }
-
-
-class RayEngine:
-    """The engine interface with the target, the draft and the coordinator on Ray.
-
-    ``config`` (:class:`workers.engine.EngineConfig`, validated there) gives the Ray
-    address to join and: ``draft_placement``: ``"worker"`` puts the draft in its own
-    actor (two calls per iteration); ``"coordinator"`` hosts it in the coordinator's
-    actor, placed with the draft's resources (one call per iteration, to the target);
-    ``"target"`` in the target's actor, which runs each batch's whole loop compiled.
-    Nodes that offer a ``target`` / ``draft`` resource host that role
-    (:func:`workers.spec.role_options`); :meth:`placement` says where each ran.
-    Either way the draft and the target are separate processes and give the same
-    tokens. ``transport``: ``"socket"`` sends the loop's per-iteration calls over a
-    direct channel to each remote worker (:mod:`workers.channel`; Ray if it cannot
-    connect), ``"ray"`` as Ray actor calls. Same tokens either way. Its γ fields are
-    the caller's: ``gamma_policy`` (:class:`workers.gamma.AdaptiveGamma`) chooses γ per
-    batch, ``settings.gamma`` being the largest.
-    """
-
-    def __init__(
-        self,
-        target: ModelSpec,
-        draft: ModelSpec,
-        settings: DecodeSettings,
-        *,
-        config: EngineConfig | None = None,
-        gamma_policy=None,
-        max_restarts: int = recovery.DEFAULT_MAX_RESTARTS,
-        max_batch_failures: int = recovery.DEFAULT_MAX_BATCH_FAILURES,
-    ):
-        import ray
-
-        from workers.model_worker import ModelWorker
-
-        config = config or EngineConfig()
-        draft_placement, transport = config.draft_placement, config.transport
-        check_shared_vocabulary(
-            target.name, target.config.vocab_size, draft.name, draft.config.vocab_size
-        )
-        self.draft = self.coordinator = None
-        if max_restarts < 0 or max_batch_failures < 0:
-            raise ValueError(
-                f"max_restarts and max_batch_failures must be >= 0, got {max_restarts} "
-                f"and {max_batch_failures}"
+        if self.pipelined:  # early_blocks_proposed / _kept: the draft's (workers.model_worker)
+            draft = self.local_draft
+            early = (
+                draft.early_blocks() if draft else self._ray.get(self.draft.early_blocks.remote())
             )
-        ensure_ray(config.ray_address)
-        self._ray, self.settings = ray, settings
-        self.gamma_policy = gamma_policy  # workers.gamma.AdaptiveGamma: γ ≤ settings.gamma
-        self.draft_placement = draft_placement
-        # Ray restarts a dead actor (re-running __init__); the calls are retried here.
-        restartable = {"max_restarts": max_restarts, "max_task_retries": 0}
-        worker = ray.remote(**restartable)(ModelWorker)
-        coordinator = ray.remote(**restartable)(SpeculativeCoordinator)
-        self.max_batch_failures = max_batch_failures
-        failures = {"max_batch_failures": max_batch_failures}
-        # The workers' channels serve only this job's coordinator (workers.channel); a
-        # restarted coordinator gets the same constructor arguments, so the same secret.
-        self._channel_secret = new_secret()
-        # Nodes that offer a "target" / "draft" resource host that role (workers.spec).
-        offered = ray.cluster_resources()
-        target_options = spec.role_options(target.placement, "target", offered)
-        self.target = worker.options(**target_options).remote(target)
-        draft_options = spec.role_options(draft.placement, "draft", offered)
-        if draft_placement == "worker":
-            self.draft = worker.options(**draft_options).remote(draft)
-            self.coordinator = coordinator.options(num_cpus=0).remote(
-                self.draft,
-                self.target,
-                transport=transport,
-                channel_secret=self._channel_secret,
-                **failures,
-            )
-        else:
-            in_target = draft_placement == "target"
-            self.coordinator = coordinator.options(
-                **({"num_cpus": 0} if in_target else draft_options)
-            ).remote(
-                None,
-                self.target,
-                in_target=in_target,
-                draft_spec=draft,
-                transport=transport,
-                channel_secret=self._channel_secret,
-                **failures,
-            )
-        infos = ray.get([self.target.info.remote(), self.coordinator.draft_info.remote()])
-        self._coordinator_instance = ray.get(self.coordinator.instance.remote())
-        self._restarts = {"target": 0, "draft": 0, "coordinator": 0}
-        self._seen = {"target": 0, "draft": 0}  # counted by the coordinator now running
-        self.transport = infos[1]["transport"]  # "ray" if the channel could not connect
-
-    def generate(self, requests: Sequence[Request]) -> list[Generation]:
-        batch = pack(requests, self.settings)
-        if self.gamma_policy is not None:  # γ per batch (workers.gamma); 0: the target alone
-            result, _, seconds = self.gamma_policy.decode(
-                batch,
-                lambda gamma: self._generate(
-                    batch, dataclasses.replace(self.settings, gamma=gamma)
-                ),
-                lambda: self._on_coordinator("generate_baseline", batch, self.settings),
-            )
-            return unpack(batch, result, wall_ms=1e3 * seconds)
-        start = time.perf_counter()
-        result = self._generate(batch, self.settings)
-        return unpack(batch, result, wall_ms=1e3 * (time.perf_counter() - start))
-
-    def generate_baseline(self, requests: Sequence[Request]) -> list[Generation]:
-        batch = pack(requests, self.settings)
-        if self.gamma_policy is not None:  # its time per step is the γ = 0 cost
-            result, seconds = self.gamma_policy.decode_baseline(
-                batch,
-                lambda: self._on_coordinator("generate_baseline", batch, self.settings),
-            )
-            return unpack(batch, result, wall_ms=1e3 * seconds)
-        start = time.perf_counter()
-        result = self._on_coordinator("generate_baseline", batch, self.settings)
-        return unpack(batch, result, wall_ms=1e3 * (time.perf_counter() - start))
-
-    def _generate(self, batch: PackedBatch, settings: DecodeSettings) -> decoding.DecodeResult:
-        result, self._seen = self._on_coordinator("generate", batch, settings)
-        return result
-
-    def _on_coordinator(self, method: str, *args):
-        """A coordinator call, made again on the restarted coordinator if it died (a
-        batch then starts over: the same tokens, since every draw derives from (seed,
-        request id, step)). A coordinator's ``WorkerLost`` is raised as itself."""
-        ray = self._ray
-
-        def attempt():
-            try:
-                return ray.get(getattr(self.coordinator, method).remote(*args))
-            except ray.exceptions.RayTaskError as error:
-                if isinstance(error.cause, recovery.WorkerLost):
-                    raise error.cause from error
-                raise
-
-        return recovery.retrying(
-            attempt, recover=self._coordinator_back, max_failures=self.max_batch_failures
-        )
-
-    def _coordinator_back(self) -> None:
-        instance = recovery.await_actor(self.coordinator, "coordinator")
-        if instance != self._coordinator_instance:
-            self._coordinator_instance = instance
-            self._restarts["coordinator"] += 1
-            for role, count in self._seen.items():  # what the dead one had counted
-                self._restarts[role] += count
-            self._seen = {"target": 0, "draft": 0}
-
-    def restarts(self) -> dict[str, int]:
-        """Ray restarts of each actor so far: {"target", "draft", "coordinator"}.
-
-        A draft hosted by the coordinator restarts with it (counted as "coordinator").
-        """
-        return {role: count + self._seen.get(role, 0) for role, count in self._restarts.items()}
-
-    def traffic(self) -> dict:
-        return self._ray.get(self.coordinator.traffic.remote())
-
-    def placement(self) -> dict[str, str | None]:
-        """Where each role runs now: {"target": node id, "draft": node id} (hex Ray node
-        ids read inside the actors, the draft's coordinator's when it hosts the draft;
-        None for an actor that is gone)."""
-        draft = self.coordinator if self.draft is None else self.draft
-        hosts = {"target": self.target, "draft": draft}
-        if self.draft_placement == "target":
-            hosts["draft"] = self.target
-        return {role: spec.actor_node_id(actor) for role, actor in hosts.items()}
-
-    def close(self) -> None:
-        for actor in ("coordinator", "draft", "target"):
-            handle = getattr(self, actor, None)
-            if handle is not None:
-                self._ray.kill(handle)
-                setattr(self, actor, None)
+            traffic |= {f"early_blocks_{key}": count for key, count in early.items()}
+        return traffic

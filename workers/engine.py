@@ -10,7 +10,7 @@ target alone, ``close``):
   :func:`specdec_core.decoding.speculative_generate`, by default as one compiled loop
   (``compiled=False``: the host loop, which also splits the time into draft / target /
   overhead);
-- :class:`workers.coordinator.RayEngine` hosts the draft and the target in separate
+- :class:`workers.ray_engine.RayEngine` hosts the draft and the target in separate
   Ray actors driven by a speculative coordinator.
 
 Given the same settings and requests both produce the same tokens: every random draw
@@ -50,7 +50,7 @@ class EngineConfig:
     ``gamma``: drafted tokens per iteration, or ``"auto"``: chosen per batch in
     0..``gamma_max`` (default :data:`workers.gamma.DEFAULT_GAMMA_MAX`) from what the job
     measures. ``draft_placement``, ``transport`` and ``ray_address`` matter to ``kind
-    "ray"`` only (:class:`workers.coordinator.RayEngine`).
+    "ray"`` only (:class:`workers.ray_engine.RayEngine`).
     """
 
     kind: str = "ray"  # --workers: "ray" (Ray actors) | "inprocess"
@@ -59,12 +59,19 @@ class EngineConfig:
     ray_address: str | None = None  # --ray-address: join this cluster; None: a local one
     gamma: int | str = AUTO  # --gamma: an integer >= 1 or "auto"
     gamma_max: int | None = None  # --gamma-max: the largest γ "auto" tries
+    pipelined: bool = False  # --pipelined: the draft proposes ahead (placement coordinator/worker)
 
     def __post_init__(self):
         if self.kind not in ENGINE_KINDS:
             raise ValueError(f"--workers must be ray or inprocess, got {self.kind!r}")
         check_choice("--draft-placement", self.draft_placement, DRAFT_PLACEMENTS)
         check_choice("--transport", self.transport, TRANSPORTS)
+        if self.pipelined and (self.kind != "ray" or self.draft_placement == "target"):
+            raise ValueError(
+                "--pipelined needs --workers ray and --draft-placement coordinator or worker "
+                "(the draft then runs in its own process, beside the target's; with "
+                f"--workers {self.kind} --draft-placement {self.draft_placement} it does not)"
+            )
         if self.gamma == AUTO:
             if self.gamma_max is None:
                 object.__setattr__(self, "gamma_max", DEFAULT_GAMMA_MAX)
@@ -109,7 +116,7 @@ def build_engine(
 
         policy = AdaptiveGamma(settings.gamma, prior=draft.gamma_prior, warm_up=warm_up)
     if config.kind == "ray":
-        from workers.coordinator import RayEngine
+        from workers.ray_engine import RayEngine
 
         return RayEngine(target, draft, settings, config=config, gamma_policy=policy)
     return InProcessEngine(_bound_model(target), _bound_model(draft), settings, gamma_policy=policy)

@@ -41,7 +41,7 @@ from workers import recovery, wire
 from workers.batching import DecodeSettings
 from workers.spec import ModelSpec
 
-WIRE_METHODS = ("propose_first", "score", "recover_and_propose")
+WIRE_METHODS = ("propose_first", "score", "recover_and_propose", "propose_ahead", "settle")
 
 
 @functools.lru_cache(maxsize=decoding.COMPILED_CACHE_SIZE)
@@ -62,9 +62,29 @@ def _recover_and_propose_fn(forward, gamma: int, config: SamplingConfig, eos_id:
     return decoding.jit_over(make, (forward,), donate_argnums=(0,))
 
 
+@functools.lru_cache(maxsize=decoding.COMPILED_CACHE_SIZE)
+def _propose_ahead_fn(forward, gamma: int, config: SamplingConfig, eos_id: int | None):
+    make = lambda f: decoding.propose_ahead(f, gamma, config, eos_id)
+    return decoding.jit_over(make, (forward,), donate_argnums=(0,))
+
+
+@functools.lru_cache(maxsize=decoding.COMPILED_CACHE_SIZE)
+def _settle_fn(eos_id: int | None):
+    return jax.jit(functools.partial(decoding.settle, eos_id=eos_id))
+
+
+@functools.lru_cache(maxsize=decoding.COMPILED_CACHE_SIZE)
+def _propose_missed_fn(forward, gamma: int, config: SamplingConfig):
+    make = lambda f: decoding.propose_missed(f, gamma, config)
+    return decoding.jit_over(make, (forward,), donate_argnums=(0,))
+
+
+_COMPILED = (_score_and_count_fn, _propose_first_fn, _recover_and_propose_fn, _propose_ahead_fn)
+
+
 def clear_compiled() -> None:
     """Drops the worker steps compiled in this process (and the models they hold)."""
-    for cached in (_score_and_count_fn, _propose_first_fn, _recover_and_propose_fn):
+    for cached in (*_COMPILED, _settle_fn, _propose_missed_fn):
         cached.cache_clear()
 
 
@@ -120,6 +140,8 @@ class ModelWorker(recovery.Restartable):
             self.model = on_mesh(self.model, self.mesh)
         self._caches: dict[str, Any] = {}
         self._proposals: dict[str, tuple[jax.Array, jax.Array]] = {}  # tokens, full q
+        self._early: dict[str, tuple] = {}  # guess, the next block and its q (propose_ahead)
+        self._early_counts = {"proposed": 0, "kept": 0}  # iterations pipelined, since (re)start
         self._channel = None
         self._draft: ModelWorker | None = None  # a draft hosted here (host_draft)
 
@@ -200,6 +222,44 @@ class ModelWorker(recovery.Restartable):
         self._proposals[batch_id] = (tokens, probs)
         return jax.device_get(new_state), np.asarray(tokens), np.asarray(token_probs)
 
+    def propose_ahead(self, batch_id: str, state, settings: DecodeSettings) -> None:
+        """Starts the next block's early proposal while the target scores this one
+        (pipelined speculation, :func:`decoding.propose_ahead`) and returns before it is
+        computed: JAX dispatches the call and this process's threads run it."""
+        fn = _propose_ahead_fn(
+            self.model.forward, settings.gamma, settings.sampling, settings.eos_id
+        )
+        draft_tokens, _ = self._proposals[batch_id]
+        *early, self._caches[batch_id] = fn(self._cache(batch_id), state, draft_tokens)
+        self._early[batch_id] = tuple(early)
+
+    def settle(self, batch_id: str, state, settings: DecodeSettings, n_accepted, target_at_n):
+        """:meth:`recover_and_propose` after :meth:`propose_ahead`: the same result, with
+        the early block kept by the rows where it stands and a fresh one for the rest
+        (:func:`decoding.settle`, :func:`decoding.propose_missed`)."""
+        draft_tokens, draft_probs = self._proposals[batch_id]
+        guess, tokens, probs, token_probs = self._early.pop(batch_id)
+        active = np.flatnonzero(~np.asarray(state.done))
+        target_at_n = dense_rows(target_at_n, active, draft_probs.shape[::2])
+        new_state, hit = _settle_fn(settings.eos_id)(
+            state, draft_tokens, draft_probs, n_accepted, target_at_n, guess
+        )
+        kept = bool(np.asarray(hit).all())
+        if not kept:
+            fn = _propose_missed_fn(self.model.forward, settings.gamma, settings.sampling)
+            tokens, probs, token_probs, self._caches[batch_id] = fn(
+                self._cache(batch_id), new_state, hit, tokens, probs
+            )
+        self._early_counts["proposed"] += 1
+        self._early_counts["kept"] += kept
+        self._proposals[batch_id] = (tokens, probs)
+        return jax.device_get(new_state), np.asarray(tokens), np.asarray(token_probs)
+
+    def early_blocks(self) -> dict[str, int]:
+        """Iterations that settled an early block, and those that kept it whole (every row
+        stood: no fresh proposal), since this worker (re)started."""
+        return dict(self._early_counts)
+
     def call(self, method: str, payload: bytes, *chained: bytes) -> bytes:
         """``method(*args, *results)`` with args and result as :mod:`workers.wire` blobs.
 
@@ -241,8 +301,8 @@ class ModelWorker(recovery.Restartable):
         return decode_baseline(self.model, batch, settings)
 
     def release(self, batch_id: str) -> None:
-        self._caches.pop(batch_id, None)
-        self._proposals.pop(batch_id, None)
+        for held in (self._caches, self._proposals, self._early):
+            held.pop(batch_id, None)
 
     def _cache(self, batch_id: str):
         try:
@@ -254,5 +314,5 @@ class ModelWorker(recovery.Restartable):
 
     def release_all(self) -> None:
         """Drops every batch (a restarted coordinator's predecessor left its own)."""
-        self._caches.clear()
-        self._proposals.clear()
+        for held in (self._caches, self._proposals, self._early):
+            held.clear()

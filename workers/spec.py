@@ -9,12 +9,12 @@ from collections.abc import Mapping
 from typing import Any
 
 # Where a job's engine runs (workers.engine.EngineConfig.kind, the --workers flag): the
-# models in Ray actors (workers.coordinator.RayEngine) or in the calling process.
+# models in Ray actors (workers.ray_engine.RayEngine) or in the calling process.
 ENGINE_KINDS = ("ray", "inprocess")
 # Where a Ray job hosts the draft: in the coordinator's actor (one call per iteration),
 # in an actor of its own (two calls), or in the target's actor, where the whole loop of
 # a batch runs compiled (one call per batch: for one host, where crossing processes
-# every iteration costs more than the draft). workers.coordinator.RayEngine reads it.
+# every iteration costs more than the draft). workers.ray_engine.RayEngine reads it.
 DRAFT_PLACEMENTS = ("worker", "coordinator", "target")
 DEFAULT_DRAFT_PLACEMENT = "coordinator"
 # How the loop's per-iteration calls travel: a direct TCP channel from the coordinator

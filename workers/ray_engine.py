@@ -1,0 +1,198 @@
+"""The Ray engine: the target, the draft and a :class:`SpeculativeCoordinator` as
+Ray actors, behind the engine interface of :mod:`workers.engine`.
+
+It starts (or joins, with ``EngineConfig.ray_address``) a Ray instance, places the
+workers by their roles' resources, restarts actors that die (the coordinator resumes a
+batch, :mod:`workers.recovery`; a dead coordinator's batch is run again) and reports
+restarts, traffic and placement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+from specdec_core import decoding
+from workers import recovery, spec
+from workers.batching import DecodeSettings, Generation, PackedBatch, Request, pack, unpack
+from workers.channel import new_secret
+from workers.coordinator import SpeculativeCoordinator
+from workers.engine import EngineConfig
+from workers.spec import ModelSpec, check_shared_vocabulary, ensure_ray
+
+
+class RayEngine:
+    """The engine interface with the target, the draft and the coordinator on Ray.
+
+    ``config`` (:class:`workers.engine.EngineConfig`, validated there) gives the Ray
+    address to join and: ``draft_placement``: ``"worker"`` puts the draft in its own
+    actor (two calls per iteration); ``"coordinator"`` hosts it in the coordinator's
+    actor, placed with the draft's resources (one call per iteration, to the target);
+    ``"target"`` in the target's actor, which runs each batch's whole loop compiled.
+    Nodes that offer a ``target`` / ``draft`` resource host that role
+    (:func:`workers.spec.role_options`); :meth:`placement` says where each ran.
+    Either way the draft and the target are separate processes and give the same
+    tokens. ``transport``: ``"socket"`` sends the loop's per-iteration calls over a
+    direct channel to each remote worker (:mod:`workers.channel`; Ray if it cannot
+    connect), ``"ray"`` as Ray actor calls. Same tokens either way. Its γ fields are
+    the caller's: ``gamma_policy`` (:class:`workers.gamma.AdaptiveGamma`) chooses γ per
+    batch, ``settings.gamma`` being the largest.
+    """
+
+    def __init__(
+        self,
+        target: ModelSpec,
+        draft: ModelSpec,
+        settings: DecodeSettings,
+        *,
+        config: EngineConfig | None = None,
+        gamma_policy=None,
+        max_restarts: int = recovery.DEFAULT_MAX_RESTARTS,
+        max_batch_failures: int = recovery.DEFAULT_MAX_BATCH_FAILURES,
+    ):
+        import ray
+
+        from workers.model_worker import ModelWorker
+
+        config = config or EngineConfig()
+        draft_placement, transport = config.draft_placement, config.transport
+        check_shared_vocabulary(
+            target.name, target.config.vocab_size, draft.name, draft.config.vocab_size
+        )
+        self.draft = self.coordinator = None
+        if max_restarts < 0 or max_batch_failures < 0:
+            raise ValueError(
+                f"max_restarts and max_batch_failures must be >= 0, got {max_restarts} "
+                f"and {max_batch_failures}"
+            )
+        ensure_ray(config.ray_address)
+        self._ray, self.settings = ray, settings
+        self.gamma_policy = gamma_policy  # workers.gamma.AdaptiveGamma: γ ≤ settings.gamma
+        self.draft_placement = draft_placement
+        # Ray restarts a dead actor (re-running __init__); the calls are retried here.
+        restartable = {"max_restarts": max_restarts, "max_task_retries": 0}
+        worker = ray.remote(**restartable)(ModelWorker)
+        coordinator = ray.remote(**restartable)(SpeculativeCoordinator)
+        self.max_batch_failures = max_batch_failures
+        failures = {"max_batch_failures": max_batch_failures, "pipelined": config.pipelined}
+        # The workers' channels serve only this job's coordinator (workers.channel); a
+        # restarted coordinator gets the same constructor arguments, so the same secret.
+        self._channel_secret = new_secret()
+        # Nodes that offer a "target" / "draft" resource host that role (workers.spec).
+        offered = ray.cluster_resources()
+        target_options = spec.role_options(target.placement, "target", offered)
+        self.target = worker.options(**target_options).remote(target)
+        draft_options = spec.role_options(draft.placement, "draft", offered)
+        if draft_placement == "worker":
+            self.draft = worker.options(**draft_options).remote(draft)
+            self.coordinator = coordinator.options(num_cpus=0).remote(
+                self.draft,
+                self.target,
+                transport=transport,
+                channel_secret=self._channel_secret,
+                **failures,
+            )
+        else:
+            in_target = draft_placement == "target"
+            self.coordinator = coordinator.options(
+                **({"num_cpus": 0} if in_target else draft_options)
+            ).remote(
+                None,
+                self.target,
+                in_target=in_target,
+                draft_spec=draft,
+                transport=transport,
+                channel_secret=self._channel_secret,
+                **failures,
+            )
+        infos = ray.get([self.target.info.remote(), self.coordinator.draft_info.remote()])
+        self._coordinator_instance = ray.get(self.coordinator.instance.remote())
+        self._restarts = {"target": 0, "draft": 0, "coordinator": 0}
+        self._seen = {"target": 0, "draft": 0}  # counted by the coordinator now running
+        self.transport = infos[1]["transport"]  # "ray" if the channel could not connect
+
+    def generate(self, requests: Sequence[Request]) -> list[Generation]:
+        batch = pack(requests, self.settings)
+        if self.gamma_policy is not None:  # γ per batch (workers.gamma); 0: the target alone
+            result, _, seconds = self.gamma_policy.decode(
+                batch,
+                lambda gamma: self._generate(
+                    batch, dataclasses.replace(self.settings, gamma=gamma)
+                ),
+                lambda: self._on_coordinator("generate_baseline", batch, self.settings),
+            )
+            return unpack(batch, result, wall_ms=1e3 * seconds)
+        start = time.perf_counter()
+        result = self._generate(batch, self.settings)
+        return unpack(batch, result, wall_ms=1e3 * (time.perf_counter() - start))
+
+    def generate_baseline(self, requests: Sequence[Request]) -> list[Generation]:
+        batch = pack(requests, self.settings)
+        if self.gamma_policy is not None:  # its time per step is the γ = 0 cost
+            result, seconds = self.gamma_policy.decode_baseline(
+                batch,
+                lambda: self._on_coordinator("generate_baseline", batch, self.settings),
+            )
+            return unpack(batch, result, wall_ms=1e3 * seconds)
+        start = time.perf_counter()
+        result = self._on_coordinator("generate_baseline", batch, self.settings)
+        return unpack(batch, result, wall_ms=1e3 * (time.perf_counter() - start))
+
+    def _generate(self, batch: PackedBatch, settings: DecodeSettings) -> decoding.DecodeResult:
+        result, self._seen = self._on_coordinator("generate", batch, settings)
+        return result
+
+    def _on_coordinator(self, method: str, *args):
+        """A coordinator call, made again on the restarted coordinator if it died (a
+        batch then starts over: the same tokens, since every draw derives from (seed,
+        request id, step)). A coordinator's ``WorkerLost`` is raised as itself."""
+        ray = self._ray
+
+        def attempt():
+            try:
+                return ray.get(getattr(self.coordinator, method).remote(*args))
+            except ray.exceptions.RayTaskError as error:
+                if isinstance(error.cause, recovery.WorkerLost):
+                    raise error.cause from error
+                raise
+
+        return recovery.retrying(
+            attempt, recover=self._coordinator_back, max_failures=self.max_batch_failures
+        )
+
+    def _coordinator_back(self) -> None:
+        instance = recovery.await_actor(self.coordinator, "coordinator")
+        if instance != self._coordinator_instance:
+            self._coordinator_instance = instance
+            self._restarts["coordinator"] += 1
+            for role, count in self._seen.items():  # what the dead one had counted
+                self._restarts[role] += count
+            self._seen = {"target": 0, "draft": 0}
+
+    def restarts(self) -> dict[str, int]:
+        """Ray restarts of each actor so far: {"target", "draft", "coordinator"}.
+
+        A draft hosted by the coordinator restarts with it (counted as "coordinator").
+        """
+        return {role: count + self._seen.get(role, 0) for role, count in self._restarts.items()}
+
+    def traffic(self) -> dict:
+        return self._ray.get(self.coordinator.traffic.remote())
+
+    def placement(self) -> dict[str, str | None]:
+        """Where each role runs now: {"target": node id, "draft": node id} (hex Ray node
+        ids read inside the actors, the draft's coordinator's when it hosts the draft;
+        None for an actor that is gone)."""
+        draft = self.coordinator if self.draft is None else self.draft
+        hosts = {"target": self.target, "draft": draft}
+        if self.draft_placement == "target":
+            hosts["draft"] = self.target
+        return {role: spec.actor_node_id(actor) for role, actor in hosts.items()}
+
+    def close(self) -> None:
+        for actor in ("coordinator", "draft", "target"):
+            handle = getattr(self, actor, None)
+            if handle is not None:
+                self._ray.kill(handle)
+                setattr(self, actor, None)
