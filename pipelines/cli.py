@@ -172,6 +172,13 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
         "or as Ray actor calls",
     )
     add(
+        "--pipelined",
+        action="store_true",
+        help="ray, --draft-placement coordinator or worker: the draft proposes the next "
+        "block while the target verifies this one (the same tokens; slower on a 2-core "
+        "machine: BENCHMARKS.md, Pipelined speculation)",
+    )
+    add(
         "--max-new-tokens",
         type=_ranged(int, "--max-new-tokens", low=1),
         default=None,
@@ -205,6 +212,7 @@ def _job(kind_name: str, args: argparse.Namespace) -> int:
         kind=args.workers,
         draft_placement=args.draft_placement,
         transport=args.transport,
+        pipelined=args.pipelined,
         ray_address=args.ray_address,
         gamma=args.gamma,
         gamma_max=args.gamma_max,

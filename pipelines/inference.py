@@ -51,6 +51,8 @@ METRICS = "specdec"  # Beam metrics namespace of the job's engine figures
 _PHASE = "phase_us."  # counter prefix: microseconds spent in a phase, summed over workers
 _RESTARTS = "restarts."  # counter prefix: Ray restarts of a role's actor
 _PLACED = "placement."  # counter prefix: "ROLE=NODE", a role's actor seen on a node
+# Pipelined engines: iterations that settled an early block, and those that kept it whole.
+EARLY_BLOCKS = ("early_blocks_proposed", "early_blocks_kept")
 _IMPORTED_AT = time.time()
 
 
@@ -100,6 +102,9 @@ class MeteredEngine:
 
     def _report_ray(self) -> None:
         traffic, restarts = self.engine.traffic(), self.engine.restarts()
+        for key in EARLY_BLOCKS:  # pipelined engines only
+            if key in traffic:
+                self._seen.setdefault(key, 0)
         for key, seen in self._seen.items():
             # a restarted coordinator counts from 0 again: all of its count is new
             grew = traffic[key] - seen if traffic[key] >= seen else traffic[key]
@@ -141,7 +146,7 @@ def read_metrics(result) -> EngineMetrics:
             "bytes_per_iteration": counters["bytes"] / max(counters["iterations"], 1),
             "worker_restarts": restarts,
             "placement": _placement(nodes),
-        }
+        } | {key: counters[key] for key in EARLY_BLOCKS if key in counters}
     first_ms = min((d.min for d in first if d is not None and d.count), default=None)
     return EngineMetrics(
         phases=phases,

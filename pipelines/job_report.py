@@ -193,6 +193,7 @@ def job_params(job: JobConfig) -> dict[str, Any]:
         "workers": engine.kind,
         "draft_placement": engine.draft_placement if engine.kind == "ray" else None,
         "transport": engine.transport if engine.kind == "ray" else None,
+        "pipelined": engine.pipelined if engine.kind == "ray" else None,
         "gamma": "auto" if engine.adaptive else job.settings.gamma,
         "gamma_max": job.settings.gamma if engine.adaptive else None,
         "temperature": sampling.temperature,

@@ -370,7 +370,7 @@ def default_summary_path(output: str) -> str:
     return f"{output}.summary.json"
 
 
-RESUME_IGNORED = ("git_commit", "workers", "draft_placement", "transport", "runner")
+RESUME_IGNORED = ("git_commit", "workers", "draft_placement", "transport", "pipelined", "runner")
 
 
 def resume_settings(job: JobConfig) -> dict[str, Any]:
