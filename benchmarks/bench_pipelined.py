@@ -15,12 +15,13 @@ Usage (BENCHMARKS.md gives the command run)::
 
     .venv/bin/python benchmarks/bench_pipelined.py [--records 32] [--rounds 3]
         [--batch-sizes 1,16] [--placements coordinator,worker] [--gammas 1,2,3]
-        [--draft MODEL] [--json FILE]
+        [--draft MODEL] [--one-thread-each] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
 import statistics
@@ -95,6 +96,19 @@ def measure(target, draft, requests, *, batch_size, placement, gamma, rounds) ->
     }
 
 
+ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
+def one_thread(spec):
+    """``spec`` with its worker's XLA:CPU on one thread (an environment variable of the
+    actor's process, as a model config's ``worker: env:`` gives)."""
+    placement = spec.placement
+    env = dict(placement.env) | {"XLA_FLAGS": ONE_THREAD}
+    return dataclasses.replace(
+        spec, placement=dataclasses.replace(placement, env=tuple(sorted(env.items())))
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=32)
@@ -103,12 +117,22 @@ def main() -> None:
     parser.add_argument("--placements", default="coordinator,worker")
     parser.add_argument("--gammas", default="1,2,3")
     parser.add_argument("--draft", default=None, help="a draft model (default: the job's)")
+    parser.add_argument(
+        "--one-thread-each",
+        action="store_true",
+        help="XLA:CPU runs each worker's programs on one thread (the target and the draft "
+        "then have a core each on a 2-core machine)",
+    )
     parser.add_argument("--json", default=None, help="also write the rows here")
     args = parser.parse_args()
     target = model_resolver.resolve_model(model_resolver.DEFAULT_TARGET, role="--target")
     draft = model_resolver.resolve_model(args.draft or model_resolver.DEFAULT_DRAFT, role="--draft")
     requests = sample_requests(str(target.vocab_path), args.records)
-    print(f"{target.spec.name} + {draft.spec.name}, {len(requests)} sentences, greedy")
+    specs = [target.spec, draft.spec]
+    if args.one_thread_each:
+        specs = [one_thread(spec) for spec in specs]
+    threads = ", one XLA thread per worker" if args.one_thread_each else ""
+    print(f"{target.spec.name} + {draft.spec.name}, {len(requests)} sentences, greedy{threads}")
     print(
         "| batch | draft placement | γ | sequential tokens/s | pipelined tokens/s "
         "| pipelined / sequential (median; per round) | speedup sequential | speedup pipelined "
@@ -120,8 +144,7 @@ def main() -> None:
         for placement in args.placements.split(","):
             for gamma in map(int, args.gammas.split(",")):
                 row = measure(
-                    target.spec,
-                    draft.spec,
+                    *specs,
                     requests,
                     batch_size=batch_size,
                     placement=placement,
