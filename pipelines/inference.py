@@ -126,7 +126,8 @@ class EngineMetrics:
 
     phases: dict[str, float]  # seconds per phase, summed over worker processes
     traffic: dict | None  # Ray engines: iterations, bytes, bytes_per_iteration,
-    # worker_restarts (role -> count), placement (role -> node id, or a list of them)
+    # worker_restarts (role -> count), placement (role -> node id, or a list of them),
+    # early_blocks (pipelined; else None)
     first_record_at: float | None  # time.time() when the first record was decoded
 
 
@@ -146,7 +147,13 @@ def read_metrics(result) -> EngineMetrics:
             "bytes_per_iteration": counters["bytes"] / max(counters["iterations"], 1),
             "worker_restarts": restarts,
             "placement": _placement(nodes),
-        } | {key: counters[key] for key in EARLY_BLOCKS if key in counters}
+            # pipelined: {"proposed": iterations, "kept": iterations whose early block stood}
+            "early_blocks": (
+                {key.rsplit("_", 1)[1]: counters[key] for key in EARLY_BLOCKS}
+                if EARLY_BLOCKS[0] in counters
+                else None
+            ),
+        }
     first_ms = min((d.min for d in first if d is not None and d.count), default=None)
     return EngineMetrics(
         phases=phases,

@@ -72,6 +72,7 @@ def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
         ("  target alone at its call", _fmt(summary.get("baseline_at_limit"))),
         ("step costs (ms)", _step_costs_line(summary.get("step_costs_ms"))),
         ("bytes per iteration (Ray)", _fmt(summary["bytes_per_iteration"])),
+        ("early blocks kept (pipelined)", _early_blocks(summary.get("early_blocks"))),
         (
             "time breakdown (s)",
             ", ".join(
@@ -105,3 +106,11 @@ def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
         lines[0] += f" (first record {summary['first_record_s']:.1f} s after the process started)"
     lines += [f"  {name:<{width}}  {value}" for name, value in rows]
     return "\n".join(lines)
+
+
+def _early_blocks(early: dict | None) -> str:
+    """``--pipelined``: the iterations whose early block stood for the whole batch."""
+    if not early:
+        return "n/a"
+    share = early["kept"] / max(early["proposed"], 1)
+    return f"{early['kept']} of {early['proposed']} iterations ({share:.0%})"

@@ -231,6 +231,7 @@ def run_job(job: JobConfig) -> dict[str, Any]:
             "bytes_per_iteration": traffic["bytes_per_iteration"] if traffic else None,
             "worker_restarts": traffic["worker_restarts"] if traffic else None,
             "placement": traffic["placement"] if traffic else None,  # Ray node per role
+            "early_blocks": traffic["early_blocks"] if traffic else None,  # --pipelined
             "job_s": time.perf_counter() - started,
             "first_record_s": (
                 engines.first_record_at - process_started_at()

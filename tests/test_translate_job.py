@@ -293,11 +293,17 @@ def test_ray_workers_give_the_inprocess_outputs(ray_local, run_job, temperature)
         if temperature
         else run_job("inprocess", 0.0, "--compare-baseline")
     )
-    ray_job = run_job("ray", temperature)
+    pipelined = ("--pipelined",) if temperature else ()  # sampled: the pipelined loop
+    ray_job = run_job("ray", temperature, *pipelined)
     _assert_same_records(ray_job, inprocess)
     assert 0.1 < ray_job.summary["alpha"] < 0.98  # accepted and rejected drafts both occur
     # Traffic is logged, and per iteration it stays below γ vocabulary-sized vectors per row.
     assert 0 < ray_job.summary["bytes_per_iteration"] < GAMMA * BATCH * 8000 * 4
+    early = ray_job.summary["early_blocks"]
+    if pipelined:  # every iteration settled an early block (counted by the draft)
+        assert 0 < early["proposed"] and 0 <= early["kept"] <= early["proposed"], early
+    else:
+        assert early is None
 
 
 MULTI_PROCESS = ("--", "--direct_num_workers", "2", "--direct_running_mode", "multi_processing")
