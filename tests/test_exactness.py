@@ -38,16 +38,24 @@ def exact_distribution(target: np.ndarray, config: SamplingConfig) -> dict[tuple
     return out
 
 
-def speculative_samples(draft: np.ndarray, config: SamplingConfig, gamma: int, seed: int):
-    tokens = np.tile(np.array(PROMPT, np.int32), (SAMPLES, 1))
+def speculative_samples(
+    draft: np.ndarray, config: SamplingConfig, gamma: int, seed: int, prompts=None
+):
+    """The in-process loop's result for SAMPLES rows of PROMPT, or for ``prompts``
+    (tokens [B, P], lengths [B])."""
+    tokens, lengths = prompts or (
+        np.tile(np.array(PROMPT, np.int32), (SAMPLES, 1)),
+        np.full(SAMPLES, len(PROMPT)),
+    )
+    rows = len(lengths)
     result = decoding.speculative_generate(
         target=bound(table.from_table(TARGET)),
-        target_cache=table.init_cache(SAMPLES, 16),
+        target_cache=table.init_cache(rows, 16),
         draft=bound(table.from_table(draft)),
-        draft_cache=table.init_cache(SAMPLES, 16),
+        draft_cache=table.init_cache(rows, 16),
         prompt_tokens=tokens,
-        prompt_lengths=np.full(SAMPLES, len(PROMPT)),
-        request_ids=np.arange(SAMPLES),
+        prompt_lengths=lengths,
+        request_ids=np.arange(rows),
         max_new_tokens=NEW_TOKENS,
         gamma=gamma,
         sampling_config=config,

@@ -28,6 +28,7 @@ from tests.test_exactness import (
     TARGET,
     exact_distribution,
     g_test_pvalue,
+    speculative_samples,
 )
 
 
@@ -69,25 +70,6 @@ def pipelined_generate(draft_table, config, gamma, prompts, *, seed=0, stale_q=F
     return np.asarray(state.out_tokens[:, :NEW_TOKENS]), kept, fresh
 
 
-def sequential_generate(draft_table, config, gamma, prompts, *, seed=0):
-    prompt, lengths = prompts
-    rows = len(lengths)
-    result = decoding.speculative_generate(
-        target=bound(table.from_table(TARGET)),
-        target_cache=table.init_cache(rows, 16),
-        draft=bound(table.from_table(draft_table)),
-        draft_cache=table.init_cache(rows, 16),
-        prompt_tokens=prompt,
-        prompt_lengths=lengths,
-        request_ids=np.arange(rows),
-        max_new_tokens=NEW_TOKENS,
-        gamma=gamma,
-        sampling_config=config,
-        seed=seed,
-    )
-    return np.asarray(result.tokens)
-
-
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("draft, gamma", [("related", 1), ("equal", 1), ("independent", 1)])
 def test_pipelined_tokens_are_the_sequential_loops(draft, gamma, temperature):
@@ -97,7 +79,7 @@ def test_pipelined_tokens_are_the_sequential_loops(draft, gamma, temperature):
     ragged = prompts(512, 4, TARGET.shape[-1], seed=3)  # rows differ at T = 0 too
     tokens, kept, fresh = pipelined_generate(DRAFTS[draft], config, gamma, ragged, seed=7)
     np.testing.assert_array_equal(
-        tokens, sequential_generate(DRAFTS[draft], config, gamma, ragged, seed=7)
+        tokens, speculative_samples(DRAFTS[draft], config, gamma, 7, ragged).tokens
     )
     assert kept > 0, "no row kept an early block: the pipelined path was not exercised"
     if draft == "equal" and temperature == 0:  # its guess is the target's greedy token

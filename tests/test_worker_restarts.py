@@ -121,7 +121,6 @@ def _engine(
         (1.0, "draft", "worker", "ray", False),
         # pipelined: a death while the draft proposes ahead or the target verifies
         (1.0, "target", "coordinator", "socket", True),
-        (0.0, "draft", "worker", "socket", True),
         (1.0, "draft", "worker", "ray", True),
     ],
 )
