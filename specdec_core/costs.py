@@ -10,7 +10,7 @@ cost model predicts. The jobs (``--compare-baseline``) and the benchmarks use it
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +50,30 @@ def call_seconds(
     positions, divided by ``repeats``: the call's cost with no per-call dispatch.
     Otherwise one jitted call from the host (the host loop's cost).
     """
+    run, calls = call_timer(
+        model,
+        encoder_tokens,
+        k=k,
+        cache_len=cache_len,
+        batch=batch,
+        in_loop=in_loop,
+        repeats=repeats,
+    )
+    return median_seconds(run, repeats=5 if in_loop else 7) / calls
+
+
+def call_timer(
+    model,
+    encoder_tokens: np.ndarray | None,
+    *,
+    k: int,
+    cache_len: int,
+    batch: int | None = None,
+    in_loop: bool = True,
+    repeats: int = 16,
+) -> tuple[Callable[[], object], int]:
+    """What :func:`call_seconds` times: (a call that runs the timed program once, the
+    model calls that run makes). Nothing is compiled until the first run."""
     if encoder_tokens is not None:
         batch = encoder_tokens.shape[0]
     batch = batch or 1
@@ -59,7 +83,7 @@ def call_seconds(
     _, cache = step(cache, np.zeros((batch, 1), np.int32))  # the start token
     tokens = np.full((batch, k), 5, np.int32)
     if not in_loop:
-        return median_seconds(lambda: step(cache, tokens)[0])
+        return (lambda: step(cache, tokens)[0]), 1
 
     def make(forward):
         def many(cache, tokens):
@@ -79,7 +103,25 @@ def call_seconds(
         return many
 
     many = decoding.jit_over(make, (model.forward,))
-    return median_seconds(lambda: many(cache, tokens), repeats=5) / repeats
+    return (lambda: many(cache, tokens)), repeats
+
+
+def interleaved_seconds(
+    timers: Mapping[Hashable, tuple[Callable[[], object], int]], rounds: int = 5
+) -> dict[Hashable, float]:
+    """Median seconds per model call of each :func:`call_timer`: every program runs once
+    untimed (compiled or loaded) before any is timed, then one run of each per round, so
+    that a busy spell of a shared machine (a job's Ray instance stopping beside its
+    probe) falls on all of them alike rather than on the first one timed."""
+    for run, _ in timers.values():
+        jax.block_until_ready(run())
+    seconds: dict[Hashable, list[float]] = {key: [] for key in timers}
+    for _ in range(rounds):
+        for key, (run, calls) in timers.items():
+            start = time.perf_counter()
+            jax.block_until_ready(run())
+            seconds[key].append((time.perf_counter() - start) / calls)
+    return {key: float(np.median(times)) for key, times in seconds.items()}
 
 
 def step_costs(
@@ -93,12 +135,15 @@ def step_costs(
     in_loop: bool = True,
     repeats: int = 16,
 ) -> theory.StepCosts:
-    """Target call seconds for each k of ``ks`` tokens and one draft step (k = 1)."""
+    """Target call seconds for each k of ``ks`` tokens and one draft step (k = 1), timed
+    in interleaved rounds (:func:`interleaved_seconds`)."""
     timed = dict(cache_len=cache_len, batch=batch, in_loop=in_loop, repeats=repeats)
-    return theory.StepCosts(
-        target_s={k: call_seconds(target, encoder_tokens, k=k, **timed) for k in ks},
-        draft_step_s=call_seconds(draft, encoder_tokens, k=1, **timed),
-    )
+    timers: dict[Hashable, tuple] = {
+        k: call_timer(target, encoder_tokens, k=k, **timed) for k in ks
+    }
+    timers["draft"] = call_timer(draft, encoder_tokens, k=1, **timed)
+    seconds = interleaved_seconds(timers, rounds=5 if in_loop else 7)
+    return theory.StepCosts(target_s={k: seconds[k] for k in ks}, draft_step_s=seconds["draft"])
 
 
 def predicted_tokens_speedup(

@@ -25,6 +25,20 @@ def test_probe_times_every_k_and_a_draft_step():
     assert host > 0
 
 
+def test_timers_run_once_untimed_then_once_per_round_in_turn():
+    """A busy spell must fall on every k alike: all programs run (compile) before any is
+    timed, and the rounds alternate between them (the first k timed was the one a
+    job's Ray shutdown slowed, which made k = 1 dearer than k = 2)."""
+    calls = []
+
+    def timer(key, model_calls):
+        return (lambda: calls.append(key)), model_calls
+
+    seconds = costs.interleaved_seconds({1: timer(1, 4), 2: timer(2, 4), "d": timer("d", 1)}, 3)
+    assert calls == [1, 2, "d"] * 4
+    assert set(seconds) == {1, 2, "d"} and all(s >= 0 for s in seconds.values())
+
+
 def test_probe_passes_the_params_as_inputs_not_constants():
     from specdec_core import decoding
 
