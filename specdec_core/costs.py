@@ -31,34 +31,11 @@ def median_seconds(fn: Callable[[], object], repeats: int = 7) -> float:
     return float(np.median(times))
 
 
-def call_seconds(
-    model,
-    encoder_tokens: np.ndarray | None,
-    *,
-    k: int,
-    cache_len: int,
-    batch: int | None = None,
-    in_loop: bool = True,
-    repeats: int = 16,
-) -> float:
-    """Seconds of one ``model.forward`` call on ``k`` tokens per row after the start token
-    (a trained model's params are inputs of the timed program, as in the decode loops).
-
-    ``encoder_tokens``: int32 [B, S] (encoder-decoder models; None for decoder-only, then
-    ``batch`` rows, 1 by default). ``in_loop`` (for the compiled loop): ``repeats`` calls
-    inside one jitted ``fori_loop``, each rolling the cache back and rewriting the same k
-    positions, divided by ``repeats``: the call's cost with no per-call dispatch.
-    Otherwise one jitted call from the host (the host loop's cost).
-    """
-    run, calls = call_timer(
-        model,
-        encoder_tokens,
-        k=k,
-        cache_len=cache_len,
-        batch=batch,
-        in_loop=in_loop,
-        repeats=repeats,
-    )
+def call_seconds(model, encoder_tokens: np.ndarray | None, *, in_loop: bool = True, **options):
+    """Seconds of one ``model.forward`` call as :func:`call_timer` sets it up (``k``,
+    ``cache_len``, ``batch``, ``repeats`` in ``options``): the median of a few runs after
+    an untimed one, per model call."""
+    run, calls = call_timer(model, encoder_tokens, in_loop=in_loop, **options)
     return median_seconds(run, repeats=5 if in_loop else 7) / calls
 
 
@@ -72,8 +49,17 @@ def call_timer(
     in_loop: bool = True,
     repeats: int = 16,
 ) -> tuple[Callable[[], object], int]:
-    """What :func:`call_seconds` times: (a call that runs the timed program once, the
-    model calls that run makes). Nothing is compiled until the first run."""
+    """A ``model.forward`` call on ``k`` tokens per row after the start token, set up to
+    be timed: (a call that runs the timed program once, the model calls that run makes).
+    Nothing is compiled until the first run. A trained model's params are inputs of the
+    timed program, as in the decode loops.
+
+    ``encoder_tokens``: int32 [B, S] (encoder-decoder models; None for decoder-only, then
+    ``batch`` rows, 1 by default). ``in_loop`` (for the compiled loop): ``repeats`` calls
+    inside one jitted ``fori_loop``, each rolling the cache back and rewriting the same k
+    positions: the call's cost with no per-call dispatch. Otherwise one jitted call from
+    the host (the host loop's cost).
+    """
     if encoder_tokens is not None:
         batch = encoder_tokens.shape[0]
     batch = batch or 1
