@@ -229,14 +229,16 @@ class ModelWorker(recovery.Restartable):
         fn = _propose_ahead_fn(
             self.model.forward, settings.gamma, settings.sampling, settings.eos_id
         )
+        cache = self._cache(batch_id)  # (a restarted worker: BatchLost, named)
         draft_tokens, _ = self._proposals[batch_id]
-        *early, self._caches[batch_id] = fn(self._cache(batch_id), state, draft_tokens)
+        *early, self._caches[batch_id] = fn(cache, state, draft_tokens)
         self._early[batch_id] = tuple(early)
 
     def settle(self, batch_id: str, state, settings: DecodeSettings, n_accepted, target_at_n):
         """:meth:`recover_and_propose` after :meth:`propose_ahead`: the same result, with
         the early block kept by the rows where it stands and a fresh one for the rest
         (:func:`decoding.settle`, :func:`decoding.propose_missed`)."""
+        self._cache(batch_id)  # (a restarted worker: BatchLost, named)
         draft_tokens, draft_probs = self._proposals[batch_id]
         guess, tokens, probs, token_probs = self._early.pop(batch_id)
         active = np.flatnonzero(~np.asarray(state.done))
