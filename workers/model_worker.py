@@ -13,9 +13,14 @@ crosses. Each runs one step of :mod:`specdec_core.decoding`, jitted here:
   token from norm(max(0, p − q)) with its own q, commits (state' is the committed
   state), and proposes the next γ tokens, keeping their full q for the next call.
 
+Pipelined (``workers.coordinator``, ``pipelined=True``), the draft gets
+``propose_ahead(state)`` before the target's ``score`` (the next block, proposed while
+the target verifies; the call returns before it is computed) and ``settle`` in place
+of ``recover_and_propose`` (the same result, the early block kept where it stands).
+
 Caches' lengths derive from the state the coordinator sends, so calls carry no
 hidden position and a restarted worker only needs the committed tokens again.
-The class is plain Python; ``workers.coordinator`` wraps it with ``ray.remote``.
+The class is plain Python; ``workers.ray_engine`` wraps it with ``ray.remote``.
 
 The per-iteration calls go through :meth:`ModelWorker.call`, over the worker's direct
 channel (:meth:`ModelWorker.open_channel`, :mod:`workers.channel`) or as Ray actor
