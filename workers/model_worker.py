@@ -84,12 +84,16 @@ def _propose_missed_fn(forward, gamma: int, config: SamplingConfig):
     return decoding.jit_over(make, (forward,), donate_argnums=(0,))
 
 
-_COMPILED = (_score_and_count_fn, _propose_first_fn, _recover_and_propose_fn, _propose_ahead_fn)
-
-
 def clear_compiled() -> None:
     """Drops the worker steps compiled in this process (and the models they hold)."""
-    for cached in (*_COMPILED, _settle_fn, _propose_missed_fn):
+    for cached in (
+        _score_and_count_fn,
+        _propose_first_fn,
+        _recover_and_propose_fn,
+        _propose_ahead_fn,
+        _settle_fn,
+        _propose_missed_fn,
+    ):
         cached.cache_clear()
 
 
@@ -243,7 +247,7 @@ class ModelWorker(recovery.Restartable):
         """:meth:`recover_and_propose` after :meth:`propose_ahead`: the same result, with
         the early block kept by the rows where it stands and a fresh one for the rest
         (:func:`decoding.settle`, :func:`decoding.propose_missed`)."""
-        self._cache(batch_id)  # (a restarted worker: BatchLost, named)
+        cache = self._cache(batch_id)  # (a restarted worker: BatchLost, named)
         draft_tokens, draft_probs = self._proposals[batch_id]
         guess, tokens, probs, token_probs = self._early.pop(batch_id)
         active = np.flatnonzero(~np.asarray(state.done))
@@ -255,7 +259,7 @@ class ModelWorker(recovery.Restartable):
         if not kept:
             fn = _propose_missed_fn(self.model.forward, settings.gamma, settings.sampling)
             tokens, probs, token_probs, self._caches[batch_id] = fn(
-                self._cache(batch_id), new_state, hit, tokens, probs
+                cache, new_state, hit, tokens, probs
             )
         self._early_counts["proposed"] += 1
         self._early_counts["kept"] += kept
