@@ -147,12 +147,9 @@ def read_metrics(result) -> EngineMetrics:
             "bytes_per_iteration": counters["bytes"] / max(counters["iterations"], 1),
             "worker_restarts": restarts,
             "placement": _placement(nodes),
-            # pipelined: {"proposed": iterations, "kept": iterations whose early block stood}
-            "early_blocks": (
-                {key.rsplit("_", 1)[1]: counters[key] for key in EARLY_BLOCKS}
-                if EARLY_BLOCKS[0] in counters
-                else None
-            ),
+            # pipelined: {"proposed": iterations, "kept": iterations whose early block
+            # stood, "kept_share": kept / proposed}
+            "early_blocks": _early_blocks(counters) if EARLY_BLOCKS[0] in counters else None,
         }
     first_ms = min((d.min for d in first if d is not None and d.count), default=None)
     return EngineMetrics(
@@ -160,6 +157,11 @@ def read_metrics(result) -> EngineMetrics:
         traffic=traffic,
         first_record_at=None if first_ms is None else first_ms / 1000,
     )
+
+
+def _early_blocks(counters: dict[str, int]) -> dict[str, float]:
+    proposed, kept = (counters[key] for key in EARLY_BLOCKS)
+    return {"proposed": proposed, "kept": kept, "kept_share": kept / max(proposed, 1)}
 
 
 def _value(result):

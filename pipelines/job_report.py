@@ -268,7 +268,7 @@ def _numeric_metrics(summary: dict[str, Any], traffic: dict | None) -> dict[str,
     if traffic:
         metrics["bytes_per_iteration"] = float(traffic["bytes_per_iteration"])
     if early := summary.get("early_blocks"):  # --pipelined: the share of early blocks kept
-        metrics["early_blocks_kept"] = early["kept"] / max(early["proposed"], 1)
+        metrics["early_blocks_kept"] = early["kept_share"]
     for i, rate in enumerate(summary["acceptance_by_position"], start=1):
         metrics[f"acceptance_at_position_{i}"] = rate
     for phase, seconds in (summary.get("time_breakdown") or {}).items():

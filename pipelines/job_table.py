@@ -112,5 +112,4 @@ def _early_blocks(early: dict | None) -> str:
     """``--pipelined``: the iterations whose early block stood for the whole batch."""
     if not early:
         return "n/a"
-    share = early["kept"] / max(early["proposed"], 1)
-    return f"{early['kept']} of {early['proposed']} iterations ({share:.0%})"
+    return f"{early['kept']} of {early['proposed']} iterations ({early['kept_share']:.0%})"

@@ -302,6 +302,7 @@ def test_ray_workers_give_the_inprocess_outputs(ray_local, run_job, temperature)
     early = ray_job.summary["early_blocks"]
     if pipelined:  # every iteration settled an early block (counted by the draft)
         assert 0 < early["proposed"] and 0 <= early["kept"] <= early["proposed"], early
+        assert early["kept_share"] == early["kept"] / early["proposed"]
     else:
         assert early is None
 
