@@ -52,7 +52,7 @@ from pipelines.model_resolver import (
 )
 from workers.background import Background
 from workers.batching import DecodeSettings, Request
-from workers.engine import EngineConfig, check_models, load_models, measure_step_costs
+from workers.engine import EngineConfig, check_models, measure_step_costs
 from workers.gamma import GammaPrior
 
 if TYPE_CHECKING:
@@ -166,12 +166,6 @@ def run_job(job: JobConfig) -> dict[str, Any]:
     store = Background(
         lambda: tracking.ensure_experiment(job.kind.name, tracking_uri), name="mlflow-store"
     )
-    # A Ray job's driver holds no models; the cost probe's load while Ray starts.
-    probe_models = None
-    if todo and job.compare_baseline and job.engine.kind == "ray" and job.target.spec.mesh is None:
-        probe_models = Background(
-            lambda: load_models(job.target.spec, job.draft.spec), name="probe-models"
-        )
     from pipelines.inference import process_started_at
 
     # imports, parsing, models resolved, input read
@@ -224,7 +218,7 @@ def run_job(job: JobConfig) -> dict[str, Any]:
         )
         if job.compare_baseline and summary["speedup"] is not None:
             probe_start = time.perf_counter()
-            summary |= _prediction(job, rows, summary, models=probe_models)
+            summary |= _prediction(job, rows, summary)
             phases["cost_probe"] = time.perf_counter() - probe_start
         summary |= {
             "records_resumed": len(done),
@@ -331,15 +325,15 @@ def _stop_ray(ray_start: Background | None) -> Background | None:
     return Background(ray.shutdown, name="ray-stop")
 
 
-def _prediction(
-    job: JobConfig, rows: list[dict], summary: dict[str, Any], *, models: Background | None
-) -> dict[str, Any]:
+def _prediction(job: JobConfig, rows: list[dict], summary: dict[str, Any]) -> dict[str, Any]:
     """The cost model's predicted speedup for the run and measured / predicted
     (``job_prediction.prediction``), the model calls timed here on the run's median-length
     record (batch and cache as the engine packs it; k = 1, 2 and γ+1 for each γ that
     decoded a tenth of the tokens, the other γ's k interpolated:
     ``job_prediction.probe_ks``). Where they cannot be measured (a draft with no model
-    calls, a target on a mesh), the summary says why instead."""
+    calls, a target on a mesh), the summary says why instead. A Ray job's driver loads
+    its models here, after the pipeline: loaded while Ray and the actors started, they
+    delayed the first record (BENCHMARKS.md "Start-up")."""
     if job.target.spec.mesh is not None:
         return {"predicted_speedup": None, "prediction_error": "the target runs on a mesh"}
     ks, interpolated = job_prediction.probe_ks(rows)
@@ -352,8 +346,6 @@ def _prediction(
         id="cost-probe", prompt_tokens=(text.DECODER_START_ID,), encoder_tokens=encoded
     )
     try:
-        if models is not None:  # loaded in the background (run_job): a failure shows here
-            models.wait()
         costs = measure_step_costs(job.target.spec, job.draft.spec, job.settings, request, ks=ks)
         costs = dataclasses.replace(
             costs, target_s=job_prediction.with_interpolated(dict(costs.target_s), interpolated)
