@@ -41,8 +41,11 @@ PHASES = ("startup", "ray_start", "mlflow", "engine_start", "warmup", "cost_prob
 def run_once(checkout: pathlib.Path, out: pathlib.Path, cache: pathlib.Path) -> dict:
     """One job from ``checkout`` (its own code, this interpreter's packages)."""
     summary = out / "summary.json"
+    # what the checkout's `specdec` script runs: pipelines.launch where it has one (it
+    # starts a Ray job's Ray before the CLI's imports), else pipelines.cli
+    launch = (checkout / "pipelines" / "launch.py").is_file()
     command = [
-        sys.executable, "-m", "pipelines.cli", *JOB,
+        sys.executable, "-m", "pipelines.launch" if launch else "pipelines.cli", *JOB,
         "--output", str(out / "out.jsonl"), "--summary-json", str(summary),
         "--tracking-uri", f"sqlite:///{out / 'mlflow.db'}",
     ]  # fmt: skip

@@ -167,6 +167,7 @@ def run_job(job: JobConfig) -> dict[str, Any]:
         lambda: tracking.ensure_experiment(job.kind.name, tracking_uri), name="mlflow-store"
     )
     from pipelines.inference import process_started_at
+    from pipelines.launch import EARLY_NAME
 
     # imports, parsing, models resolved, input read
     phases = {"startup": time.time() - process_started_at()}
@@ -225,6 +226,7 @@ def run_job(job: JobConfig) -> dict[str, Any]:
             "bytes_per_iteration": traffic["bytes_per_iteration"] if traffic else None,
             "worker_restarts": traffic["worker_restarts"] if traffic else None,
             "placement": traffic["placement"] if traffic else None,  # Ray node per role
+            "ray_started_early": ray_start is not None and ray_start.name == EARLY_NAME,
             "early_blocks": traffic["early_blocks"] if traffic else None,  # --pipelined
             "job_s": time.perf_counter() - started,
             "first_record_s": (
@@ -299,8 +301,12 @@ def _start_ray(job: JobConfig) -> Background | None:
     of every engine the pipeline builds (one per Beam worker process)."""
     if job.engine.kind != "ray":
         return None
+    from pipelines.launch import take_early_ray
     from workers.spec import ensure_ray, ray_cpus
 
+    early = take_early_ray()  # begun by the console script: no Beam options, one engine
+    if early is not None:
+        return early
     copies = 1
     if job.beam_args:  # Beam's options module is slow to import: only when there are options
         from pipelines.transforms import engine_copies

@@ -49,10 +49,11 @@ def test_hold_keeps_the_thread_alive_only_when_asked_by_the_result():
 
 @pytest.mark.slow
 def test_a_fresh_process_ray_job_keeps_the_instance_it_started_in_the_background(tmp_path):
-    """``specdec translate --workers ray`` in a new process starts its local Ray instance
-    in a background thread (while Beam imports): the instance's daemons must outlive
-    that start (they die with the thread that started them unless it is held), and the
-    job reports only the time it waited for Ray."""
+    """``specdec translate --workers ray`` in a new process (the console script's module,
+    pipelines.launch) starts its local Ray instance in a background thread before the
+    CLI's imports: the instance's daemons must outlive that start (they die with the
+    thread that started them unless it is held), the job must take that instance
+    rather than start its own, and it reports only the time it waited for Ray."""
     import json
     import os
     import subprocess
@@ -64,7 +65,7 @@ def test_a_fresh_process_ray_job_keeps_the_instance_it_started_in_the_background
     source.write_text("Handle with care.\nFeel at home!\nIt serves no purpose.\n")
     summary = tmp_path / "out.summary.json"
     command = [
-        sys.executable, "-m", "pipelines.cli", "translate",
+        sys.executable, "-m", "pipelines.launch", "translate",
         "--input", str(source), "--output", str(tmp_path / "out.jsonl"),
         "--target", "t5_tiny_test:vocab_size=8000", "--draft", "t5_tiny_test:vocab_size=8000",
         "--allow-random-init", "--workers", "ray", "--max-new-tokens", "4",
@@ -83,3 +84,28 @@ def test_a_fresh_process_ray_job_keeps_the_instance_it_started_in_the_background
     phases = result["time_breakdown"]
     assert 0.0 <= phases["ray_start"] and phases["startup"] > 0.0
     assert set(result["placement"]) == {"target", "draft"}
+    assert result["ray_started_early"] is True
+
+
+def test_only_a_job_that_will_use_ray_starts_it_before_the_clis_imports(tmp_path):
+    from pipelines.launch import early_ray_address
+
+    source = tmp_path / "in.txt"
+    source.write_text("Feel at home!\n")
+    job = ["translate", "--input", str(source), "--output", "o.jsonl"]
+    assert early_ray_address(job) == (True, None)
+    assert early_ray_address(["summarize", *job[1:], "--ray-address", "10.0.0.1:6379"]) == (
+        True,
+        "10.0.0.1:6379",
+    )
+    assert early_ray_address([*job, "--workers=ray"]) == (True, None)
+    assert early_ray_address(["translate", "--input", "seqio:wmt_ende:test"])[0]
+    for argv in (
+        [*job, "--workers", "inprocess"],
+        [*job, "--help"],
+        [*job, "--", "--direct_num_workers", "2"],  # Beam options: maybe more engines
+        ["translate", "--input", str(tmp_path / "missing.txt")],  # exits 2 at once
+        ["ui"],
+        [],
+    ):
+        assert early_ray_address(argv)[0] is False, argv

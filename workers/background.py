@@ -31,7 +31,7 @@ class Background:
         name: str,
         hold: Callable[[Any], bool] = lambda result: False,
     ):
-        self._fn, self._hold = fn, hold
+        self.name, self._fn, self._hold = name, fn, hold
         self._done = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
