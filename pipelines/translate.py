@@ -138,7 +138,6 @@ def run_job(job: JobConfig) -> dict[str, Any]:
     partition the input ids.
     """
     from pipelines import tracking
-    from pipelines.launch import take_early_store
 
     records = record_io.read_records(job.input, fields=job.kind.fields, limit=job.limit)
     if not records:
@@ -164,7 +163,7 @@ def run_job(job: JobConfig) -> dict[str, Any]:
     # Ray's daemons and MLflow's store start while this process imports Beam; the job
     # waits for each where it needs it (the phases count only that wait).
     ray_start = _start_ray(job) if todo else None
-    store = take_early_store(job.kind.name, tracking_uri) or Background(
+    store = Background(
         lambda: tracking.ensure_experiment(job.kind.name, tracking_uri), name="mlflow-store"
     )
     from pipelines.inference import process_started_at

@@ -109,14 +109,3 @@ def test_only_a_job_that_will_use_ray_starts_it_before_the_clis_imports(tmp_path
         [],
     ):
         assert early_ray_address(argv)[0] is False, argv
-
-
-def test_a_job_takes_the_early_store_only_for_its_own_experiment_and_store(monkeypatch):
-    from pipelines import launch
-
-    started = Background(lambda: "7", name="test-store")
-    monkeypatch.setattr(launch, "_EARLY_STORE", ("translate", "sqlite:///a.db", started))
-    assert launch.take_early_store("translate", "sqlite:///b.db") is None  # another store
-    assert launch.take_early_store("translate", "sqlite:///a.db") is None  # taken once
-    monkeypatch.setattr(launch, "_EARLY_STORE", ("translate", "sqlite:///a.db", started))
-    assert launch.take_early_store("translate", "sqlite:///a.db") is started
