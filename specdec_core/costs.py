@@ -35,8 +35,13 @@ def call_seconds(model, encoder_tokens: np.ndarray | None, *, in_loop: bool = Tr
     """Seconds of one ``model.forward`` call as :func:`call_timer` sets it up (``k``,
     ``cache_len``, ``batch``, ``repeats`` in ``options``): the median of a few runs after
     an untimed one, per model call."""
-    run, calls = call_timer(model, encoder_tokens, in_loop=in_loop, **options)
-    return median_seconds(run, repeats=5 if in_loop else 7) / calls
+    timer = call_timer(model, encoder_tokens, in_loop=in_loop, **options)
+    return interleaved_seconds({"call": timer}, rounds=_rounds(in_loop))["call"]
+
+
+def _rounds(in_loop: bool) -> int:
+    """Timed runs per call: 5 of a compiled loop of calls, 7 of a single host call."""
+    return 5 if in_loop else 7
 
 
 def call_timer(
@@ -128,7 +133,7 @@ def step_costs(
         k: call_timer(target, encoder_tokens, k=k, **timed) for k in ks
     }
     timers["draft"] = call_timer(draft, encoder_tokens, k=1, **timed)
-    seconds = interleaved_seconds(timers, rounds=5 if in_loop else 7)
+    seconds = interleaved_seconds(timers, rounds=_rounds(in_loop))
     return theory.StepCosts(target_s={k: seconds[k] for k in ks}, draft_step_s=seconds["draft"])
 
 
