@@ -15,6 +15,14 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # inside jax's compilation_cache.put_executable_and_time). Tests that exercise the cache
 # set SPECDEC_COMPILE_CACHE themselves (tests/test_compile_cache.py).
 os.environ.setdefault("SPECDEC_COMPILE_CACHE", "off")
+# Three quarters of the suite's CPU time is XLA compiling programs, nearly all of them
+# compiled once (BENCHMARKS.md "Test suite"). The tests check what the programs compute,
+# not how fast, so XLA's CPU backend compiles them with LLVM's optimisation off: a
+# quarter less time per module. The flag reaches the Ray actors and job subprocesses
+# through the environment. SPECDEC_TEST_XLA_OPT=default runs the suite as jobs compile.
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+if os.environ.get("SPECDEC_TEST_XLA_OPT", "0") != "default":
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHARED_TESTDATA = REPO_ROOT.parent / "shared" / "testdata"
