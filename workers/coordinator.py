@@ -17,7 +17,8 @@ verifies this one: a ``propose_ahead`` call, which returns at once, before the t
 "pipelined speculation"). The tokens are the sequential loop's.
 
 :class:`workers.ray_engine.RayEngine`, what jobs use, places the workers and a
-coordinator as Ray actors.
+coordinator as Ray actors (with the draft in the target's actor, the coordinator runs
+in the job's process).
 
 Workers that die come back (:mod:`workers.recovery`): every actor has
 ``max_restarts``; when a worker's process goes away mid-batch, the coordinator waits
@@ -49,7 +50,8 @@ class SpeculativeCoordinator(recovery.Restartable):
     (co-located): then each iteration is one round trip, to the target, and the
     draft's recover-and-propose runs here between them. With ``in_target`` the draft
     of ``draft_spec`` lives in the target's actor instead, and a batch is one call
-    there (:meth:`ModelWorker.generate_with_draft`), retried whole after a death.
+    there (:meth:`ModelWorker.generate_with_draft`), retried whole after a death; the
+    Ray engine then runs this class in the job's own process, not as an actor.
     """
 
     def __init__(
@@ -99,7 +101,8 @@ class SpeculativeCoordinator(recovery.Restartable):
             role: recovery.await_actor(actor, f"{role} worker", timeout_s=restart_timeout_s)
             for role, actor in self._remote_workers().items()
         }
-        if ray.get_runtime_context().was_current_actor_reconstructed:
+        in_actor = ray.get_runtime_context().get_actor_id() is not None  # not: a driver's
+        if in_actor and ray.get_runtime_context().was_current_actor_reconstructed:
             for actor in self._remote_workers().values():  # the dead coordinator's batches
                 actor.release_all.remote()
 

@@ -29,7 +29,9 @@ class RayEngine:
     address to join and: ``draft_placement``: ``"worker"`` puts the draft in its own
     actor (two calls per iteration); ``"coordinator"`` hosts it in the coordinator's
     actor, placed with the draft's resources (one call per iteration, to the target);
-    ``"target"`` in the target's actor, which runs each batch's whole loop compiled.
+    ``"target"`` in the target's actor, which runs each batch's whole loop compiled
+    (the coordinator, which then only hands over batches and retries them, runs in this
+    process).
     Nodes that offer a ``target`` / ``draft`` resource host that role
     (:func:`workers.spec.role_options`); :meth:`placement` says where each ran.
     Either way the draft and the target are separate processes and give the same
@@ -93,21 +95,28 @@ class RayEngine:
                 channel_secret=self._channel_secret,
                 **failures,
             )
-        else:
-            in_target = draft_placement == "target"
-            self.coordinator = coordinator.options(
-                **({"num_cpus": 0} if in_target else draft_options)
-            ).remote(
+        elif draft_placement == "coordinator":
+            self.coordinator = coordinator.options(**draft_options).remote(
                 None,
                 self.target,
-                in_target=in_target,
                 draft_spec=draft,
                 transport=transport,
                 channel_secret=self._channel_secret,
                 **failures,
             )
-        infos = ray.get([self.target.info.remote(), self.coordinator.draft_info.remote()])
-        self._coordinator_instance = ray.get(self.coordinator.instance.remote())
+        # "target": the target's actor runs each batch's whole loop, so the coordinator
+        # only hands it the batch and retries it after a death: it runs in this process
+        # (one actor process fewer to start, one Ray hop fewer per batch).
+        self._local = None
+        if self.coordinator is None:
+            target_info = self.target.info.remote()
+            self._local = SpeculativeCoordinator(
+                None, self.target, in_target=True, draft_spec=draft, **failures
+            )
+            infos = [ray.get(target_info), self._local.draft_info()]
+        else:
+            infos = ray.get([self.target.info.remote(), self.coordinator.draft_info.remote()])
+            self._coordinator_instance = ray.get(self.coordinator.instance.remote())
         self._restarts = {"target": 0, "draft": 0, "coordinator": 0}
         self._seen = {"target": 0, "draft": 0}  # counted by the coordinator now running
         self.transport = infos[1]["transport"]  # "ray" if the channel could not connect
@@ -147,6 +156,8 @@ class RayEngine:
         """A coordinator call, made again on the restarted coordinator if it died (a
         batch then starts over: the same tokens, since every draw derives from (seed,
         request id, step)). A coordinator's ``WorkerLost`` is raised as itself."""
+        if self._local is not None:  # in this process: it retries the target's deaths
+            return getattr(self._local, method)(*args)
         ray = self._ray
 
         def attempt():
@@ -178,6 +189,8 @@ class RayEngine:
         return {role: count + self._seen.get(role, 0) for role, count in self._restarts.items()}
 
     def traffic(self) -> dict:
+        if self._local is not None:
+            return self._local.traffic()
         return self._ray.get(self.coordinator.traffic.remote())
 
     def placement(self) -> dict[str, str | None]:
@@ -185,9 +198,7 @@ class RayEngine:
         ids read inside the actors, the draft's coordinator's when it hosts the draft;
         None for an actor that is gone)."""
         draft = self.coordinator if self.draft is None else self.draft
-        hosts = {"target": self.target, "draft": draft}
-        if self.draft_placement == "target":
-            hosts["draft"] = self.target
+        hosts = {"target": self.target, "draft": self.target if draft is None else draft}
         return {role: spec.actor_node_id(actor) for role, actor in hosts.items()}
 
     def close(self) -> None:
