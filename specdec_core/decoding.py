@@ -29,10 +29,12 @@ so a request's output does not depend on its batch, its position in it or restar
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import flax.struct
@@ -43,10 +45,11 @@ import numpy as np
 from specdec_core import acceptance, sampling
 from specdec_core.models.api import Forward, rollback
 
-# Compiled steps are cached per (model forward, settings). Each entry holds the model's
-# bound params and its XLA executables, so the caches are bounded: a job uses one target
-# and one draft (a few γ and sampling settings each); a process that goes through many
-# models (a test session, a notebook) frees the oldest, or all with clear_compiled().
+# Compiled steps are cached per (model structure, settings): see program_cache. Each
+# entry holds the last caller's params and the XLA executables, so the caches are
+# bounded: a job uses one target and one draft (a few γ and sampling settings each); a
+# process that goes through many models (a test session, a notebook) frees the oldest,
+# or all with clear_compiled().
 COMPILED_CACHE_SIZE = 16
 
 
@@ -140,6 +143,68 @@ def jit_over(make: Callable, forwards: Sequence[Forward], donate_argnums: tuple[
     return functools.partial(jitted, tuple(f for f, d in zip(forwards, dynamic, strict=True) if d))
 
 
+def _structure(arg: Hashable) -> Hashable:
+    """What a compiled step depends on in ``arg``: a forward with its params as inputs
+    (a ``jax.tree_util.Partial``) counts by its tree's structure, which holds its
+    function and config and not its weights; anything else by its own equality."""
+    if isinstance(arg, jax.tree_util.Partial):
+        treedef = jax.tree_util.tree_structure(arg)
+        try:
+            hash(treedef)
+        except TypeError:  # a config that cannot be hashed: only this very forward
+            return arg
+        return ("params as inputs", treedef)
+    return arg
+
+
+def program_cache(builder: Callable) -> Callable:
+    """``functools.lru_cache(maxsize=COMPILED_CACHE_SIZE)`` for a builder of compiled
+    steps, keyed by the structure of its forwards rather than their identity.
+
+    A builder takes forwards among its arguments and returns :func:`jit_over` of them,
+    in the same order. Forwards with their params as inputs (trained models) that share
+    a structure share the program: two loads of one checkpoint, a target and a draft of
+    one config with different weights, a worker that reloads its model after a restart.
+    The program found is returned bound to the caller's own params, so it computes with
+    them; nothing compiles again. Other forwards (n-gram tables, stand-ins) are closed
+    over, so they key by identity as before."""
+    entries: collections.OrderedDict = collections.OrderedDict()
+    lock = threading.Lock()
+
+    @functools.wraps(builder)
+    def cached(*args):
+        bound = tuple(a for a in args if isinstance(a, jax.tree_util.Partial))
+        key = tuple(_structure(a) for a in args)
+        with lock:
+            program = entries.get(key)
+            if program is not None:
+                entries.move_to_end(key)
+        if program is None:
+            program = builder(*args)
+            if bound and not (
+                isinstance(program, functools.partial)
+                and len(program.args) == 1
+                and tuple(map(id, program.args[0])) == tuple(map(id, bound))
+            ):
+                raise TypeError(f"{builder.__name__} must return jit_over of its forwards")
+            with lock:
+                entries[key] = program
+                while len(entries) > COMPILED_CACHE_SIZE:
+                    entries.popitem(last=False)
+            return program
+        if bound and tuple(map(id, program.args[0])) != tuple(map(id, bound)):
+            return functools.partial(program.func, bound)  # same program, these params
+        return program
+
+    def cache_clear() -> None:
+        with lock:
+            entries.clear()
+
+    cached.cache_clear = cache_clear
+    cached.cache_len = lambda: len(entries)
+    return cached
+
+
 @functools.lru_cache(maxsize=COMPILED_CACHE_SIZE)
 def _init_state_fn(width: int, gamma: int):
     """One compiled call builds the whole state (a dozen tiny ops would each dispatch)."""
@@ -166,7 +231,6 @@ def _init_state_fn(width: int, gamma: int):
     return jax.jit(init)
 
 
-@functools.lru_cache(maxsize=COMPILED_CACHE_SIZE)
 def prefill_fn(forward: Forward):
     """``(cache, prompt_tokens [B, P], prompt_lengths [B]) -> cache``: writes the prompt
     from position 0 and keeps all but its last token (the pending one).
@@ -175,14 +239,7 @@ def prefill_fn(forward: Forward):
     summary) leave nothing to keep, so no model call is made: the cache is emptied
     (a call would write slot 0 and then drop it; it cost a decode step per batch)."""
 
-    def make(forward):
-        def prefill(cache, prompt_tokens, prompt_lengths):
-            _, cache = forward(rollback(cache, jnp.zeros_like(prompt_lengths)), prompt_tokens)
-            return rollback(cache, prompt_lengths - 1)
-
-        return prefill
-
-    compiled = jit_over(make, (forward,))
+    compiled = _prefill_program(forward)
 
     def prefill(cache, prompt_tokens, prompt_lengths):
         if int(np.max(np.asarray(prompt_lengths))) == 1:
@@ -190,6 +247,18 @@ def prefill_fn(forward: Forward):
         return compiled(cache, prompt_tokens, prompt_lengths)
 
     return prefill
+
+
+@program_cache
+def _prefill_program(forward: Forward):
+    def make(forward):
+        def prefill(cache, prompt_tokens, prompt_lengths):
+            _, cache = forward(rollback(cache, jnp.zeros_like(prompt_lengths)), prompt_tokens)
+            return rollback(cache, prompt_lengths - 1)
+
+        return prefill
+
+    return jit_over(make, (forward,))
 
 
 def _commit_block(
@@ -224,7 +293,7 @@ def _commit_block(
 # ---------------------------------------------------------------- target-only baseline
 
 
-@functools.lru_cache(maxsize=COMPILED_CACHE_SIZE)
+@program_cache
 def _autoregressive_fn(forward: Forward, config: sampling.SamplingConfig, eos_id: int | None):
     return jit_over(lambda f: _autoregressive(f, config, eos_id), (forward,), donate_argnums=(1,))
 
@@ -294,7 +363,7 @@ def autoregressive_generate(
 # ---------------------------------------------------------------- speculative loop
 
 
-@functools.lru_cache(maxsize=COMPILED_CACHE_SIZE)
+@program_cache
 def propose_fn(draft: Forward, gamma: int, config: sampling.SamplingConfig, first: bool):
     """``(draft_cache, state) -> (draft_tokens [B, γ], draft_probs [B, γ, V], cache)``.
 
@@ -335,7 +404,7 @@ def _propose(draft: Forward, gamma: int, config: sampling.SamplingConfig, first:
     return propose
 
 
-@functools.lru_cache(maxsize=COMPILED_CACHE_SIZE)
+@program_cache
 def score_fn(target: Forward, config: sampling.SamplingConfig):
     """``(target_cache, state, draft_tokens [B, γ]) -> (target_probs [B, γ+1, V], cache)``."""
     return jit_over(lambda t: _score(t, config), (target,), donate_argnums=(0,))
@@ -537,7 +606,7 @@ def _verify_commit_fn(eos_id: int | None):
     return jax.jit(functools.partial(_verify_commit, eos_id=eos_id))
 
 
-@functools.lru_cache(maxsize=COMPILED_CACHE_SIZE)
+@program_cache
 def _compiled_loop_fn(
     target: Forward, draft: Forward, gamma: int, config: sampling.SamplingConfig, eos_id
 ):
@@ -716,7 +785,7 @@ def clear_compiled() -> None:
     """Drops every compiled step cached here (and the models they hold)."""
     for cached in (
         _init_state_fn,
-        prefill_fn,
+        _prefill_program,
         _autoregressive_fn,
         propose_fn,
         score_fn,

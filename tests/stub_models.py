@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import numpy as np
 
@@ -11,8 +9,11 @@ from specdec_core.models import table
 
 
 def bound(params: table.TableParams):
-    """The model contract's forward with params bound (one object, so jit caches hit)."""
-    return functools.partial(table.forward, params)
+    """The model contract's forward with params bound, as a trained model's is: a
+    ``jax.tree_util.Partial``, so that compiled steps take the table as an input and
+    every table of one shape shares them (decoding.program_cache), as models of one
+    config do."""
+    return jax.tree_util.Partial(table.forward, params)
 
 
 def random_table(seed: int, vocab: int, *, period: int = 2, scale: float = 2.0) -> np.ndarray:

@@ -49,25 +49,25 @@ from workers.spec import ModelSpec
 WIRE_METHODS = ("propose_first", "score", "recover_and_propose", "propose_ahead", "settle")
 
 
-@functools.lru_cache(maxsize=decoding.COMPILED_CACHE_SIZE)
+@decoding.program_cache
 def _score_and_count_fn(forward, config: SamplingConfig):
     make = lambda f: decoding.score_and_count(f, config)
     return decoding.jit_over(make, (forward,), donate_argnums=(0,))
 
 
-@functools.lru_cache(maxsize=decoding.COMPILED_CACHE_SIZE)
+@decoding.program_cache
 def _propose_first_fn(forward, gamma: int, config: SamplingConfig):
     make = lambda f: decoding.propose_first(f, gamma, config)
     return decoding.jit_over(make, (forward,), donate_argnums=(0,))
 
 
-@functools.lru_cache(maxsize=decoding.COMPILED_CACHE_SIZE)
+@decoding.program_cache
 def _recover_and_propose_fn(forward, gamma: int, config: SamplingConfig, eos_id: int | None):
     make = lambda f: decoding.recover_and_propose(f, gamma, config, eos_id)
     return decoding.jit_over(make, (forward,), donate_argnums=(0,))
 
 
-@functools.lru_cache(maxsize=decoding.COMPILED_CACHE_SIZE)
+@decoding.program_cache
 def _propose_ahead_fn(forward, gamma: int, config: SamplingConfig, eos_id: int | None):
     make = lambda f: decoding.propose_ahead(f, gamma, config, eos_id)
     return decoding.jit_over(make, (forward,), donate_argnums=(0,))
@@ -78,7 +78,7 @@ def _settle_fn(eos_id: int | None):
     return jax.jit(functools.partial(decoding.settle, eos_id=eos_id))
 
 
-@functools.lru_cache(maxsize=decoding.COMPILED_CACHE_SIZE)
+@decoding.program_cache
 def _propose_missed_fn(forward, gamma: int, config: SamplingConfig):
     make = lambda f: decoding.propose_missed(f, gamma, config)
     return decoding.jit_over(make, (forward,), donate_argnums=(0,))

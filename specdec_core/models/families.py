@@ -132,15 +132,25 @@ class Family:
 # ------------------------------------------------------------------------------ t5
 
 
-def _t5_new_cache(name: str, config: t5.T5Config, params) -> NewCache:
+@functools.lru_cache(maxsize=16)
+def _t5_cache_init(config: t5.T5Config):
+    """The compiled encoder pass and cache set-up of ``config``'s models, one program for
+    all of them (the params are an input)."""
     # the encoder runs at the tokens' width; the cache is padded to the source width
-    init = jax.jit(
+    return jax.jit(
         lambda params, tokens, max_len: t5.pad_source(
             t5.init_cache(config, params, tokens, max_decode_len=max_len),
             api.source_width(tokens.shape[1]),
         ),
         static_argnums=2,
     )
+
+
+def _t5_new_cache(name: str, config: t5.T5Config, params) -> NewCache:
+    try:
+        init = _t5_cache_init(config)
+    except TypeError:  # a config that cannot be hashed
+        init = _t5_cache_init.__wrapped__(config)
 
     def new_cache(encoder_tokens, batch_size, max_len):
         if encoder_tokens is None:
@@ -150,10 +160,24 @@ def _t5_new_cache(name: str, config: t5.T5Config, params) -> NewCache:
     return new_cache
 
 
+@dataclasses.dataclass(frozen=True)
+class _Configured:
+    """``forward`` with its config bound, equal to any other binding of an equal config:
+    the function of a forward's pytree, so two models of one config (another load, other
+    weights) have one tree structure and share their compiled programs
+    (decoding.program_cache)."""
+
+    forward: Callable
+    config: Any
+
+    def __call__(self, *args):
+        return self.forward(self.config, *args)
+
+
 def _params_as_inputs(forward, config, params) -> Forward:
     """``forward`` bound to its config and params as a pytree (a ``jax.tree_util.Partial``):
     decoding.jit_over passes the params to compiled programs as inputs, not constants."""
-    return jax.tree_util.Partial(functools.partial(forward, config), params)
+    return jax.tree_util.Partial(_Configured(forward, config), params)
 
 
 def _trained(name: str, module, config_class: type, **fields) -> Family:
