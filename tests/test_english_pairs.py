@@ -35,8 +35,19 @@ GAMMA = 4
 EOS_ID = 1
 
 
-def _model(name: str, role: str):
-    return resolve_model(name, role=role).spec.load()
+@pytest.fixture(scope="module")
+def load():
+    """Loads a committed model once per module: the two pairs of a family share their
+    target, so its compiled programs (its baseline, its scoring steps, the bigram's
+    loop) are compiled once for both, not again for the second pair's fresh copy."""
+    loaded = {}
+
+    def model(name: str, role: str):
+        if name not in loaded:
+            loaded[name] = resolve_model(name, role=role).spec.load()
+        return loaded[name]
+
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -100,9 +111,9 @@ def _acceptance(result) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize("target_name,draft_name", PAIRS)
 def test_committed_pair_is_exact_and_beats_a_bigram(
-    target_name, draft_name, prompts, processor, bigram_forward
+    target_name, draft_name, prompts, processor, bigram_forward, load
 ):
-    target, draft = _model(target_name, "target"), _model(draft_name, "draft")
+    target, draft = load(target_name, "target"), load(draft_name, "draft")
     rows, max_len = prompts.shape[0], _max_len(prompts)
     baseline = decoding.autoregressive_generate(
         **_decode_args(target, prompts), sampling_config=GREEDY
