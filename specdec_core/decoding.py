@@ -164,7 +164,7 @@ def program_cache(builder: Callable) -> Callable:
     A builder takes forwards among its arguments and returns :func:`jit_over` of them,
     in the same order. Forwards with their params as inputs (trained models) that share
     a structure share the program: two loads of one checkpoint, a target and a draft of
-    one config with different weights, a worker that reloads its model after a restart.
+    one config with different weights.
     The program found is returned bound to the caller's own params, so it computes with
     them; nothing compiles again. Other forwards (n-gram tables, stand-ins) are closed
     over, so they key by identity as before."""
