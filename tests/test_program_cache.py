@@ -38,33 +38,31 @@ def _tiny_t5(seed: int):
     return bound.load_model(f"tiny{seed}", "t5", config, init_seed=seed)
 
 
-def _speculative(target, draft, gamma=2):
+def _prompts(target) -> dict:
+    """The arguments both loops take: ``target`` and its cache, start-token prompts."""
     rows = ENCODER.shape[0]
-    return decoding.speculative_generate(
+    return dict(
         target=target.forward,
         target_cache=target.new_cache(ENCODER, rows, 32),
-        draft=draft.forward,
-        draft_cache=draft.new_cache(ENCODER, rows, 32),
         prompt_tokens=np.zeros((rows, 1), np.int32),
         prompt_lengths=np.ones((rows,), np.int32),
         request_ids=np.arange(rows),
         max_new_tokens=10,
         sampling_config=GREEDY,
+    )
+
+
+def _speculative(target, draft, gamma=2):
+    return decoding.speculative_generate(
+        **_prompts(target),
+        draft=draft.forward,
+        draft_cache=draft.new_cache(ENCODER, ENCODER.shape[0], 32),
         gamma=gamma,
     )
 
 
 def _baseline(model):
-    rows = ENCODER.shape[0]
-    return decoding.autoregressive_generate(
-        target=model.forward,
-        target_cache=model.new_cache(ENCODER, rows, 32),
-        prompt_tokens=np.zeros((rows, 1), np.int32),
-        prompt_lengths=np.ones((rows,), np.int32),
-        request_ids=np.arange(rows),
-        max_new_tokens=10,
-        sampling_config=GREEDY,
-    )
+    return decoding.autoregressive_generate(**_prompts(model))
 
 
 def test_a_model_of_the_same_config_compiles_nothing_and_decodes_with_its_own_weights(
