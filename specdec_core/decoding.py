@@ -160,8 +160,8 @@ class _Structure:
         return isinstance(other, _Structure) and self.treedef == other.treedef
 
 
-# each forward's structure, computed once per forward object (it walks the params' tree:
-# ~0.1 ms for a 144-leaf T5) and dropped with the forward
+# each forward's structure, computed once per forward object (it walks the params' tree,
+# 144 leaves for the embedded T5 target) and dropped with the forward
 _STRUCTURES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
