@@ -47,10 +47,10 @@ from specdec_core import acceptance, sampling
 from specdec_core.models.api import Forward, rollback
 
 # Compiled steps are cached per (model structure, settings): see program_cache. Each
-# entry holds the last caller's params and the XLA executables, so the caches are
-# bounded: a job uses one target and one draft (a few γ and sampling settings each); a
-# process that goes through many models (a test session, a notebook) frees the oldest,
-# or all with clear_compiled().
+# entry holds the params of the model it was built for and the XLA executables, so the
+# caches are bounded: a job uses one target and one draft (a few γ and sampling settings
+# each); a process that goes through many models (a test session, a notebook) frees the
+# oldest, or all with clear_compiled().
 COMPILED_CACHE_SIZE = 16
 
 
