@@ -47,7 +47,7 @@ from specdec_core import acceptance, sampling
 from specdec_core.models.api import Forward, rollback
 
 # Compiled steps are cached per (model structure, settings): see program_cache. Each
-# entry holds the params of the model it was built for and the XLA executables, so the
+# entry holds the params of the model that used it last and the XLA executables, so the
 # caches are bounded: a job uses one target and one draft (a few γ and sampling settings
 # each); a process that goes through many models (a test session, a notebook) frees the
 # oldest, or all with clear_compiled().
@@ -134,10 +134,13 @@ def jit_over(make: Callable, forwards: Sequence[Forward], donate_argnums: tuple[
     tables, stand-ins) stay closed over. ``donate_argnums`` count the step's own arguments.
     """
     dynamic = tuple(isinstance(f, jax.tree_util.Partial) for f in forwards)
+    # the program closes over the other forwards only: the params come in as inputs
+    # (program_cache rebinds them), and a closed-over model would be kept alive with it
+    static = tuple(None if d else f for f, d in zip(forwards, dynamic, strict=True))
 
     def run(traced, *args):
         supplied = iter(traced)
-        fs = [next(supplied) if d else f for f, d in zip(forwards, dynamic, strict=True)]
+        fs = [next(supplied) if d else f for f, d in zip(static, dynamic, strict=True)]
         return make(*fs)(*args)
 
     jitted = jax.jit(run, donate_argnums=tuple(i + 1 for i in donate_argnums))
@@ -189,10 +192,11 @@ def program_cache(builder: Callable) -> Callable:
     A builder takes forwards among its arguments and returns :func:`jit_over` of them,
     in the same order. Forwards with their params as inputs (trained models) that share
     a structure share the program: two loads of one checkpoint, a target and a draft of
-    one config with different weights.
-    The program found is returned bound to the caller's own params, so it computes with
-    them; nothing compiles again. Other forwards (n-gram tables, stand-ins) are closed
-    over, so they key by identity as before."""
+    one config with different weights. The program found is returned bound to the
+    caller's own params, so it computes with them; nothing compiles again. The entry
+    keeps the params of its latest caller, so a model that is dropped (the last
+    checkpoint, once the next one is loaded) is freed. Other forwards (n-gram tables,
+    stand-ins) are closed over, so they key by identity as before."""
     entries: collections.OrderedDict = collections.OrderedDict()
     lock = threading.Lock()
 
@@ -218,7 +222,10 @@ def program_cache(builder: Callable) -> Callable:
                     entries.popitem(last=False)
             return program
         if bound and tuple(map(id, program.args[0])) != tuple(map(id, bound)):
-            return functools.partial(program.func, bound)  # same program, these params
+            program = functools.partial(program.func, bound)  # same program, these params
+            with lock:  # the entry holds the newest params: an older model can be freed
+                if key in entries:
+                    entries[key] = program
         return program
 
     def cache_clear() -> None:

@@ -3,6 +3,9 @@ load of a config, other weights), each call computing with its own model's param
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import jax
 import numpy as np
 import pytest
@@ -80,6 +83,16 @@ def test_a_model_of_the_same_config_compiles_nothing_and_decodes_with_its_own_we
     decoding.clear_compiled()
     jax.clear_caches()
     np.testing.assert_array_equal(_baseline(second).tokens, second_out.tokens)
+
+
+def test_a_model_that_is_dropped_is_not_kept_alive_by_the_programs_it_shared(compiles):
+    first, second = _tiny_t5(0), _tiny_t5(1)
+    _baseline(first)
+    _baseline(second)  # the entries now hold the second model's params
+    gone = weakref.ref(first.forward)
+    del first
+    gc.collect()
+    assert gone() is None
 
 
 def test_a_speculative_pair_swapped_for_one_of_the_same_configs_gives_its_own_tokens(compiles):
