@@ -147,10 +147,7 @@ def _t5_cache_init(config: t5.T5Config):
 
 
 def _t5_new_cache(name: str, config: t5.T5Config, params) -> NewCache:
-    try:
-        init = _t5_cache_init(config)
-    except TypeError:  # a config that cannot be hashed
-        init = _t5_cache_init.__wrapped__(config)
+    init = _t5_cache_init(config)  # a T5Config is frozen, its fields hashable
 
     def new_cache(encoder_tokens, batch_size, max_len):
         if encoder_tokens is None:
