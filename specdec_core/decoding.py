@@ -185,6 +185,11 @@ def _structure(arg: Hashable) -> Hashable:
     return structure
 
 
+def _binds(program: functools.partial, forwards: tuple) -> bool:
+    """Whether ``program`` (:func:`jit_over`'s) takes these very forward objects."""
+    return tuple(map(id, program.args[0])) == tuple(map(id, forwards))
+
+
 def program_cache(builder: Callable) -> Callable:
     """``functools.lru_cache(maxsize=COMPILED_CACHE_SIZE)`` for a builder of compiled
     steps, keyed by the structure of its forwards rather than their identity.
@@ -213,7 +218,7 @@ def program_cache(builder: Callable) -> Callable:
             if bound and not (
                 isinstance(program, functools.partial)
                 and len(program.args) == 1
-                and tuple(map(id, program.args[0])) == tuple(map(id, bound))
+                and _binds(program, bound)
             ):
                 raise TypeError(f"{builder.__name__} must return jit_over of its forwards")
             with lock:
@@ -221,7 +226,7 @@ def program_cache(builder: Callable) -> Callable:
                 while len(entries) > COMPILED_CACHE_SIZE:
                     entries.popitem(last=False)
             return program
-        if bound and tuple(map(id, program.args[0])) != tuple(map(id, bound)):
+        if bound and not _binds(program, bound):
             program = functools.partial(program.func, bound)  # same program, these params
             with lock:  # the entry holds the newest params: an older model can be freed
                 if key in entries:
