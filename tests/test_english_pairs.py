@@ -38,8 +38,8 @@ EOS_ID = 1
 @pytest.fixture(scope="module")
 def load():
     """Loads a committed model once per module: the two pairs of a family share their
-    target, so its compiled programs (its baseline, its scoring steps, the bigram's
-    loop) are compiled once for both, not again for the second pair's fresh copy."""
+    target, read once (its compiled programs would be shared by structure either way:
+    decoding.program_cache)."""
     loaded = {}
 
     def model(name: str, role: str):
