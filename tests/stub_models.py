@@ -1,4 +1,4 @@
-"""Table-model pairs (specdec_core.models.table) for decoding tests."""
+"""Table-model pairs (specdec_core.models.table) and request sets for decoding tests."""
 
 from __future__ import annotations
 
@@ -41,3 +41,19 @@ def prompts(batch: int, max_len: int, vocab: int, seed: int = 0):
     tokens = rng.integers(0, vocab, (batch, max_len)).astype(np.int32)
     lengths = (np.arange(batch) % max_len + 1).astype(np.int32)
     return tokens, lengths
+
+
+def encoder_requests(n: int, vocab: int, offset: int = 0) -> list:
+    """``n`` encoder-decoder requests of 3-11 random source tokens in [3, vocab) and EOS,
+    ids ``r{offset}``...; a pure function of ``offset``."""
+    from workers.batching import Request
+
+    rng = np.random.default_rng(offset)
+    return [
+        Request(
+            id=f"r{offset + i}",
+            prompt_tokens=(0,),
+            encoder_tokens=(*rng.integers(3, vocab, 3 + (i * 5) % 9).tolist(), 1),
+        )
+        for i in range(n)
+    ]

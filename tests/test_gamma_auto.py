@@ -12,6 +12,7 @@ import pytest
 from specdec_core import acceptance, decoding, theory
 from specdec_core.models import bound, registry, table
 from specdec_core.sampling import SamplingConfig
+from tests import stub_models
 from tests import test_exactness as exact
 from tests.stub_models import bound as bind_table
 from workers.batching import DecodeSettings, Request, pack
@@ -445,15 +446,7 @@ CONFIG = registry.get_config("t5_tiny_test", vocab_size=VOCAB)
 
 
 def _requests(n: int, offset: int = 0) -> list[Request]:
-    rng = np.random.default_rng(offset)
-    return [
-        Request(
-            id=f"r{offset + i}",
-            prompt_tokens=(0,),
-            encoder_tokens=(*rng.integers(3, VOCAB, 3 + (i * 5) % 9).tolist(), 1),
-        )
-        for i in range(n)
-    ]
+    return stub_models.encoder_requests(n, VOCAB, offset)
 
 
 class Scripted(AdaptiveGamma):

@@ -7,6 +7,7 @@ import pytest
 
 from specdec_core.models import bound, registry
 from specdec_core.sampling import SamplingConfig
+from tests import stub_models
 from workers.batching import DecodeSettings, Request, pack
 from workers.engine import EngineConfig, InProcessEngine
 from workers.spec import ModelSpec
@@ -16,15 +17,7 @@ CONFIG = registry.get_config("t5_tiny_test", vocab_size=VOCAB)
 
 
 def _requests(n: int, offset: int = 0) -> list[Request]:
-    rng = np.random.default_rng(offset)
-    return [
-        Request(
-            id=f"r{offset + i}",
-            prompt_tokens=(0,),
-            encoder_tokens=(*rng.integers(3, VOCAB, 3 + (i * 5) % 9).tolist(), 1),
-        )
-        for i in range(n)
-    ]
+    return stub_models.encoder_requests(n, VOCAB, offset)
 
 
 def test_pack_pads_rows_and_buckets_lengths():
