@@ -18,12 +18,20 @@ output folder (``configs/models/ende_draft_kd.yaml``).
 
 Every input gets a line (a decode that hits ``--max-new-tokens`` is written truncated
 and counted); the output is a pure function of the teacher, the inputs and the seed.
+
+A long run loses little when it stops: the inputs are decoded in parts of
+:data:`PART_INPUTS`, each written to ``parts/`` as soon as it is done (token ids as JSON,
+named by a hash of the teacher's checkpoint, the settings and the part's inputs). A
+rerun with the same flags decodes only the parts that are missing, and a rerun with a
+larger ``--limit`` keeps every whole part of the smaller one.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
 import pathlib
 import shutil
 import sys
@@ -36,6 +44,7 @@ from specdec_core.models import families
 
 PREFIX = train.PREFIX
 EOS_ID = train.EOS_ID
+PART_INPUTS = 1024  # inputs per part file: a stopped run loses at most one part's work
 
 
 def select_inputs(data: configs.DataConfig, *, inputs: str, limit: int) -> list[str]:
@@ -61,10 +70,23 @@ def select_inputs(data: configs.DataConfig, *, inputs: str, limit: int) -> list[
 
 def teacher_model(model_file: configs.ModelFileConfig, checkpoint: pathlib.Path | None):
     """The teacher as a BoundModel (its latest checkpoint unless ``checkpoint``)."""
+    return _teacher(model_file, checkpoint)[0]
+
+
+def _teacher(model_file: configs.ModelFileConfig, checkpoint: pathlib.Path | None):
+    """(the teacher as a BoundModel, a SHA-256 of its parameters' values)."""
+    import jax
+    import numpy as np
+
     from specdec_core.models.bound import bind
 
     params = train.load_model_params(model_file, checkpoint)
-    return bind(model_file.name, model_file.family, model_file.model, params)
+    digest = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        value = np.asarray(leaf)
+        digest.update(f"{jax.tree_util.keystr(path)}:{value.dtype}:{value.shape}".encode())
+        digest.update(value.tobytes())
+    return bind(model_file.name, model_file.family, model_file.model, params), digest.hexdigest()
 
 
 def decode_all(
@@ -76,9 +98,12 @@ def decode_all(
     batch_size: int,
     max_new_tokens: int,
     progress=None,
+    first_id: int = 0,
 ) -> list[list[int]]:
     """The teacher's continuation of every input (EOS dropped), in input order. Inputs
-    are decoded in length-sorted batches so padding stays small."""
+    are decoded in length-sorted batches so padding stays small. Input ``i`` is request
+    ``first_id + i``, whose id seeds its samples at T > 0 (so a sample does not depend on
+    the batch it was decoded in)."""
     from specdec_core.sampling import SamplingConfig
     from workers.batching import DecodeSettings, Request, pack
     from workers.engine import decode_baseline
@@ -95,7 +120,8 @@ def decode_all(
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         requests = [
-            Request(id=str(i), prompt_tokens=(0,), encoder_tokens=tuple(encoded[i])) for i in chunk
+            Request(id=str(first_id + i), prompt_tokens=(0,), encoder_tokens=tuple(encoded[i]))
+            for i in chunk
         ]
         batch = pack(requests, settings)
         result = decode_baseline(model, batch, settings)
@@ -105,6 +131,34 @@ def decode_all(
         if progress is not None:
             progress(min(start + batch_size, len(order)), len(order))
     return outputs
+
+
+def _part_path(parts: pathlib.Path, settings: dict, chunk: Sequence[Sequence[int]]):
+    """Where a part's decodes live: named by a hash of everything they depend on."""
+    key = json.dumps([settings, [[int(t) for t in x] for x in chunk]], sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
+    return parts / f"T{settings['temperature']:g}_{settings['first_id']:08d}_{digest}.json"
+
+
+def _read_part(path: pathlib.Path, inputs: int) -> list[list[int]] | None:
+    """A finished part's decodes, or None where there is none (or it does not read as
+    ``inputs`` lists of token ids: it is then decoded again)."""
+    try:
+        outputs = json.loads(path.read_text())["outputs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    ok = isinstance(outputs, list) and len(outputs) == inputs
+    if not ok or not all(isinstance(o, list) and all(type(t) is int for t in o) for o in outputs):
+        return None
+    return outputs
+
+
+def _write_part(path: pathlib.Path, outputs: list[list[int]]) -> None:
+    """Written whole or not at all (a temporary file renamed into place)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps({"outputs": [[int(t) for t in o] for o in outputs]}))
+    os.replace(temporary, path)
 
 
 def parse_temperatures(text: str) -> list[float]:
@@ -145,26 +199,45 @@ def build(
     )
     max_in = model_file.data.max_input_length
     encoded = [train.trim(x, max_in) for x in processor.encode([PREFIX + e for e in english])]
-    model = teacher_model(model_file, checkpoint)
+    model, params_sha256 = _teacher(model_file, checkpoint)
+    teacher = {"params_sha256": params_sha256, "step": _teacher_step(model_file, checkpoint)}
+    parts = output / "parts"
     started = time.perf_counter()
-    lines, truncated, empty = [], 0, 0
+    lines, truncated, empty, reused = [], 0, 0, 0
     for temperature in temperatures:
-        tick = time.perf_counter()
-
-        def progress(done, total, temperature=temperature, tick=tick):
-            if done == total or done % (20 * batch_size) == 0:
-                rate = done / max(time.perf_counter() - tick, 1e-9)
-                log(f"T={temperature:g}: {done}/{total} inputs ({rate:.0f}/s)")
-
-        outputs = decode_all(
-            model,
-            encoded,
-            temperature=temperature,
-            seed=seed,
-            batch_size=batch_size,
-            max_new_tokens=max_new_tokens,
-            progress=progress,
-        )
+        tick, decoded = time.perf_counter(), 0
+        outputs: list[list[int]] = []
+        for first in range(0, len(encoded), PART_INPUTS):
+            chunk = encoded[first : first + PART_INPUTS]
+            settings = {
+                "teacher": teacher,
+                "temperature": temperature,
+                "seed": seed,
+                "max_new_tokens": max_new_tokens,
+                "first_id": first,
+            }
+            path = _part_path(parts, settings, chunk)
+            if (done := _read_part(path, len(chunk))) is not None:
+                outputs += done
+                reused += len(chunk)
+                continue
+            done = decode_all(
+                model,
+                chunk,
+                temperature=temperature,
+                seed=seed,
+                batch_size=batch_size,
+                max_new_tokens=max_new_tokens,
+                first_id=first,
+            )
+            _write_part(path, done)
+            outputs += done
+            decoded += len(chunk)
+            rate = decoded / max(time.perf_counter() - tick, 1e-9)
+            log(
+                f"T={temperature:g}: {first + len(chunk)}/{len(encoded)} inputs "
+                f"({rate:.1f}/s; {len(outputs) - decoded} from earlier parts)"
+            )
         for en, ids in zip(english, outputs, strict=True):
             truncated += len(ids) >= max_new_tokens
             empty += not ids
@@ -180,7 +253,7 @@ def build(
     info = {
         "teacher_config": str(teacher_config),
         "teacher_checkpoint": str(checkpoint or "latest"),
-        "teacher_step": _teacher_step(model_file, checkpoint),
+        "teacher_step": teacher["step"],
         "source": str(data_dir),
         "inputs": inputs,
         "limit": limit,
@@ -191,6 +264,7 @@ def build(
         "distinct_inputs": len(english),
         "truncated": truncated,
         "empty": empty,
+        "reused_from_parts": reused,
         "wall_s": round(time.perf_counter() - started, 1),
     }
     (output / "kd.json").write_text(json.dumps(info, indent=2) + "\n")

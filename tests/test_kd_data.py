@@ -3,6 +3,7 @@ trainer reads (sequence-level distillation data for a draft)."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -114,3 +115,59 @@ def test_cli_rejects_bad_settings_before_any_work(tiny_config, tmp_path, flags, 
     with pytest.raises(SystemExit, match=message):
         kd_data.main(argv)
     assert not (tmp_path / "kd").exists()
+
+
+@pytest.mark.slow
+def test_a_stopped_run_resumes_from_its_parts_and_a_larger_limit_keeps_them(
+    trained_teacher, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(kd_data, "PART_INPUTS", 2)
+    real_decode, calls = kd_data.decode_all, []
+
+    def decode_all(model, encoded, **kwargs):
+        calls.append(kwargs["first_id"])
+        if kwargs["first_id"] == 2 and len(calls) == 2:
+            raise KeyboardInterrupt  # the run is stopped in its second part
+        return real_decode(model, encoded, **kwargs)
+
+    monkeypatch.setattr(kd_data, "decode_all", decode_all)
+    build = functools.partial(
+        kd_data.build,
+        teacher_config=trained_teacher,
+        inputs="all",
+        temperatures=(0.0, 1.0),
+        batch_size=2,
+        max_new_tokens=6,
+        log=lambda line: None,
+    )
+    out = tmp_path / "kd"
+    with pytest.raises(KeyboardInterrupt):
+        build(output=out, limit=3)
+    assert calls == [0, 2] and not (out / "train.tsv").exists()
+    assert len(list((out / "parts").glob("T0_*.json"))) == 1  # the first part was kept
+
+    calls.clear()
+    info = build(output=out, limit=3)
+    assert calls == [2, 0, 2]  # T=0: only the missing part; T=1: both
+    assert info["reused_from_parts"] == 2 and info["pairs"] == 6
+
+    # a larger limit keeps every whole part; the last part's inputs changed, so it is new
+    calls.clear()
+    info = build(output=out, limit=5)
+    assert calls == [2, 4, 2, 4] and info["reused_from_parts"] == 4
+
+    # the same as a run that started from nothing (T=1 included: a sample's seed is its
+    # input's index, not its batch)
+    calls.clear()
+    fresh = tmp_path / "fresh"
+    build(output=fresh, limit=5)
+    assert calls == [0, 2, 4, 0, 2, 4]
+    assert ding.read_split(out, "train") == ding.read_split(fresh, "train")
+
+    # a part that does not read back as token ids is decoded again, not trusted
+    part = sorted((out / "parts").glob("T0_00000000_*.json"))[0]
+    part.write_text('{"outputs": [["x"], []]}')
+    calls.clear()
+    build(output=out, limit=5)
+    assert calls == [0]
+    assert ding.read_split(out, "train") == ding.read_split(fresh, "train")
