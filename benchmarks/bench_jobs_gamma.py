@@ -24,7 +24,11 @@ Jobs (``--jobs`` picks some):
 Usage (BENCHMARKS.md "Automatic γ" gives the command run)::
 
     .venv/bin/python benchmarks/bench_jobs_gamma.py [--rounds 2] [--jobs translate,summarize]
-        [--json runs/bench/jobs_gamma.json] [--draft NAME] [--batch-size N]
+        [--json runs/bench/jobs_gamma.json] [--draft NAME[,NAME...]] [--batch-size N]
+        [--names "translate inprocess γ=2,..."]
+
+With several drafts, every translate job runs once per draft, one after the other in
+each round, so the drafts are compared in one run.
 """
 
 from __future__ import annotations
@@ -131,16 +135,33 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--jobs", default="translate,summarize", help="groups to run")
     parser.add_argument("--json", default=None, help="write every run's summary here")
-    parser.add_argument("--draft", default=DEFAULT_DRAFT, help="the translate jobs' draft")
+    parser.add_argument(
+        "--draft", default=DEFAULT_DRAFT, help="the translate jobs' draft (A,B: each job with each)"
+    )
     parser.add_argument("--batch-size", type=int, default=1, help="every job's --batch-size")
+    parser.add_argument(
+        "--names", default="", help="only these jobs (comma-separated names, as in the table)"
+    )
     args = parser.parse_args(argv)
     groups = set(args.jobs.split(","))
-    known = jobs(args.draft)
+    drafts = [d for d in args.draft.split(",") if d]
+    known = jobs(drafts[0])
     unknown = groups - {group for group, _ in known.values()}
     if unknown:
         parser.error(f"unknown job group(s): {', '.join(sorted(unknown))}")
+    names = [n.strip() for n in args.names.split(",") if n.strip()]
+    if missing := [n for n in names if n not in known]:
+        parser.error(f"unknown job name(s): {', '.join(missing)}")
     batch = ("--batch-size", str(args.batch_size))
-    chosen = {name: (*job, *batch) for name, (group, job) in known.items() if group in groups}
+    chosen = {}
+    for name, (group, job) in known.items():
+        if group not in groups or (names and name not in names):
+            continue
+        if group != "translate" or len(drafts) == 1:
+            chosen[name] = (*job, *batch)
+            continue
+        for draft in drafts:  # each job once per draft, side by side in every round
+            chosen[f"{name} [{draft}]"] = (*jobs(draft)[name][1], *batch)
     results: dict[str, list[dict]] = {name: [] for name in chosen}
     with tempfile.TemporaryDirectory(prefix="bench-jobs-") as folder:
         for round_ in range(1, args.rounds + 1):
