@@ -10,6 +10,7 @@ Paths may be on any Beam filesystem.
 
 from __future__ import annotations
 
+import glob
 import json
 import uuid
 from collections.abc import Sequence
@@ -91,7 +92,9 @@ def read_parts(folder: str) -> tuple[list[dict], list[dict]]:
 
     if not FileSystems.exists(folder):
         return [], []
-    pattern = _join(folder, f"{PART_PREFIX}*{PART_SUFFIX}")
+    # the folder is a path, not a pattern: a '[' in it (an output named "run[2].jsonl")
+    # would otherwise start a character class and match none of its parts
+    pattern = _join(glob.escape(folder), f"{PART_PREFIX}*{PART_SUFFIX}")
     paths = sorted(m.path for r in FileSystems.match([pattern]) for m in r.metadata_list)
     rows: list[dict] = []
     dead: list[dict] = []

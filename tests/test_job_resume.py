@@ -173,3 +173,18 @@ def test_a_corrupt_part_is_named(tmp_path):
     (folder / "part-bad.jsonl").write_text('{"kind": "output"}\n')
     with pytest.raises(record_io.ResumeError, match=r"corrupt part .*part-bad\.jsonl"):
         part_files.read_parts(str(folder))
+
+
+@pytest.mark.parametrize("name", ["run[2].jsonl.parts", "run*2?.jsonl.parts"])
+def test_parts_are_read_from_a_folder_named_with_glob_characters(tmp_path, name):
+    """An output path is a path, not a pattern: its parts are found, and a sibling folder
+    that the name would match as a pattern is not read."""
+
+    def job_parts(folder, record_id):
+        part_files.start_parts(folder, {"job": "glob"})
+        part_files.write_part(folder, [(part_files.OUTPUT_KIND, {"id": record_id})])
+
+    job_parts(str(tmp_path / name), "mine")
+    job_parts(str(tmp_path / "run2.jsonl.parts"), "sibling")
+    rows, dead = part_files.read_parts(str(tmp_path / name))
+    assert [row["id"] for row in rows] == ["mine"] and dead == []
