@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import uuid
 from collections.abc import Sequence
 
@@ -133,5 +134,16 @@ def remove_parts(folder: str) -> None:
     """Deletes a finished job's parts folder."""
     from apache_beam.io.filesystems import FileSystems
 
-    if FileSystems.exists(folder):
+    if not FileSystems.exists(folder):
+        return
+    if glob.escape(folder) == folder:
         FileSystems.delete([folder])
+        return
+    # Beam deletes what a path matches as a pattern, and a pattern matches files only:
+    # a folder named with [ * ? goes file by file, each escaped, then (local) the folder.
+    matched = FileSystems.match([_join(glob.escape(folder), "**")])
+    files = [m.path for r in matched for m in r.metadata_list]
+    if files:
+        FileSystems.delete([glob.escape(path) for path in files])
+    if os.path.isdir(folder):
+        os.rmdir(folder)

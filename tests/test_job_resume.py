@@ -188,3 +188,6 @@ def test_parts_are_read_from_a_folder_named_with_glob_characters(tmp_path, name)
     job_parts(str(tmp_path / "run2.jsonl.parts"), "sibling")
     rows, dead = part_files.read_parts(str(tmp_path / name))
     assert [row["id"] for row in rows] == ["mine"] and dead == []
+    part_files.remove_parts(str(tmp_path / name))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run2.jsonl.parts"]
+    assert part_files.read_parts(str(tmp_path / "run2.jsonl.parts"))[0] == [{"id": "sibling"}]
