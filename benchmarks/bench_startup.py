@@ -29,6 +29,9 @@ import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+# make run's job with the draft it had until 2026-12-05 (ende_draft_debian, a draft of
+# the same shape as today's ende_draft_debian_seq), so that --against REV runs one job in
+# both checkouts: an older one has no ende_draft_debian_seq
 JOB = (
     "translate",
     "--input", "assets/samples/en_de_debian_sample.tsv",
