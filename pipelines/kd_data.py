@@ -21,7 +21,7 @@ and counted); the output is a pure function of the teacher, the inputs and the s
 
 A long run loses little when it stops: the inputs are decoded in parts of
 :data:`PART_INPUTS`, each written to ``parts/`` as soon as it is done (token ids as JSON,
-named by a hash of the teacher's checkpoint, the settings and the part's inputs). A
+named by a hash of the teacher's parameter values, the settings and the part's inputs). A
 rerun with the same flags decodes only the parts that are missing, and a rerun with a
 larger ``--limit`` keeps every whole part of the smaller one.
 """
@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import pathlib
 import shutil
 import sys
@@ -97,7 +96,6 @@ def decode_all(
     seed: int,
     batch_size: int,
     max_new_tokens: int,
-    progress=None,
     first_id: int = 0,
 ) -> list[list[int]]:
     """The teacher's continuation of every input (EOS dropped), in input order. Inputs
@@ -128,8 +126,6 @@ def decode_all(
         for row, i in enumerate(chunk):
             ids = result.row_tokens(row)
             outputs[i] = ids[:-1] if ids and ids[-1] == EOS_ID else ids
-        if progress is not None:
-            progress(min(start + batch_size, len(order)), len(order))
     return outputs
 
 
@@ -154,11 +150,12 @@ def _read_part(path: pathlib.Path, inputs: int) -> list[list[int]] | None:
 
 
 def _write_part(path: pathlib.Path, outputs: list[list[int]]) -> None:
-    """Written whole or not at all (a temporary file renamed into place)."""
+    """Written whole or not at all (:func:`part_files.write_atomic`)."""
+    from pipelines import part_files
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps({"outputs": [[int(t) for t in o] for o in outputs]}))
-    os.replace(temporary, path)
+    text = json.dumps({"outputs": [[int(t) for t in o] for o in outputs]})
+    part_files.write_atomic(str(path), text)
 
 
 def parse_temperatures(text: str) -> list[float]:
