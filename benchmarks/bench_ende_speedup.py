@@ -90,10 +90,21 @@ def padded(encoded) -> np.ndarray:
     return out
 
 
-def alpha_per_draft(target, drafts, encoded, *, temperature, max_new, seed, batch=8):
+def alpha_per_draft(
+    target,
+    drafts,
+    encoded,
+    *,
+    temperature,
+    max_new,
+    seed,
+    batch=8,
+    trajectory_lengths: list | None = None,
+):
     """([(α, low, high)] per draft, (top, low, high)): β along the target's trajectories
     (study functions), and the target's own mean largest next-token probability (T=1)
-    along the same trajectories — how sure it is of the choices the drafts must match."""
+    along the same trajectories — how sure it is of the choices the drafts must match.
+    ``trajectory_lengths``, where given, gets each trajectory's generated positions appended."""
     sampling = SamplingConfig(temperature=temperature)
     settings = study.MeasureSettings(
         sampling=sampling,
@@ -122,6 +133,8 @@ def alpha_per_draft(target, drafts, encoded, *, temperature, max_new, seed, batc
         top = study.top_probability_along(target, prompt_batch, tokens, lengths)[real]
         top_sums += np.nansum(top, 1).tolist()
         top_counts += np.isfinite(top).sum(1).tolist()
+        if trajectory_lengths is not None:
+            trajectory_lengths += np.isfinite(top).sum(1).tolist()
         for i, beta in enumerate(betas):
             beta = beta[real]
             sums[i] += np.nansum(beta, 1).tolist()
