@@ -98,7 +98,7 @@ PYTEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --max-worker-restart 0)
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q $(XDIST)
+	$(BIN)/pytest -q $(XDIST) --durations=15
 
 ## Everything but the tests marked slow.
 test-fast: $(STAMP)

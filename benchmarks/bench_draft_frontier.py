@@ -37,7 +37,6 @@ Usage (BENCHMARKS.md, "Debian corpus and vocabulary", gives each run's command):
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 
 import numpy as np
@@ -47,6 +46,7 @@ from bench_ende_speedup import (
     decode_cache_len,
     fixed_cost,
     loop_overheads,
+    write_report,
 )
 
 from pipelines import model_resolver, text
@@ -285,10 +285,7 @@ def main() -> None:
         "(extrapolations of a line through the --fit drafts and a log-log line through "
         "every model's step: a reading of the measured points, not a measurement)"
     )
-    path = REPO / args.json
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2, default=float) + "\n")
-    print(f"\nwrote {path}")
+    write_report(REPO / args.json, report)
 
 
 if __name__ == "__main__":

@@ -264,6 +264,13 @@ def alpha_needed(
     return high, best(high)[1]
 
 
+def write_report(path: pathlib.Path, report: dict) -> None:
+    """The run's figures as JSON (floats from numpy included), its path printed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=float) + "\n")
+    print(f"\nwrote {path}")
+
+
 def steps_per_batch(outputs, batch: int) -> float:
     """Mean decode steps of the target alone per batch of ``batch`` requests: its longest
     row's tokens (the loop runs until every row is done)."""
@@ -586,10 +593,7 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
-    path = REPO / args.json
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report, indent=2, default=float) + "\n")
-    print(f"\nwrote {path}")
+    write_report(REPO / args.json, report)
 
 
 if __name__ == "__main__":
