@@ -78,12 +78,14 @@ models-debian: $(RUN_STAMP)
 ## and sacrebleu: on a machine without the venv (or Beam), set RECIPE to the recipe
 ## module run by that machine's python3 (README, "Debian"); runs on a CPU too (SCALE=0.1
 ## shortens every budget). `make models-unpack PARTS="DIR ..."` joins the returned
-## parts (SHA-256 checked) into assets/checkpoints.
+## parts (SHA-256 checked) into assets/checkpoints. PAIR=summ_pair trains the summarizer
+## pair of issue 25 (configs/recipes/summ_pair.yaml) the same way.
 RECIPE ?= $(BIN)/specdec train-recipe
 SCALE ?= 1
 DEADLINE ?= 510
+PAIR ?= debian_pair
 models-device:
-	$(RECIPE) run configs/recipes/debian_pair.yaml --scale $(SCALE) --deadline $(DEADLINE) \
+	$(RECIPE) run configs/recipes/$(PAIR).yaml --scale $(SCALE) --deadline $(DEADLINE) \
 		$(if $(RETURN),--return-dir $(RETURN) --return-parts 4)
 
 models-unpack: $(STAMP)

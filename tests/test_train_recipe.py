@@ -202,3 +202,20 @@ def test_committed_recipe_loads_and_fits_the_return_limits():
     assert all("train.precompile=true" in stage.overrides for stage in loaded.stages)
     for stage in loaded.stages[1:]:
         assert stage.after == ("ende_target_debian",)
+
+
+def test_summarizer_recipe_trains_a_pair_sized_as_the_translation_pair():
+    loaded = recipe.load_recipe(REPO_ROOT / "configs" / "recipes" / "summ_pair.yaml")
+    assert [s.name for s in loaded.stages] == ["summ_large_target", "summ_large_draft"]
+    assert loaded.stages[1].after == ("summ_large_target",)
+    assert loaded.part_bytes <= 16 * 2**20
+    assert all("train.precompile=true" in stage.overrides for stage in loaded.stages)
+    target = configs.load_model_config(REPO_ROOT / "configs/models/summ_large_target.yaml")
+    draft = configs.load_model_config(REPO_ROOT / "configs/models/summ_large_draft.yaml")
+    translation = configs.load_model_config(REPO_ROOT / "configs/models/ende_target_debian.yaml")
+    assert target.model == translation.model  # the same T5-small shape
+    assert target.data.source == draft.data.source == "summaries"
+    assert configs.resolve(draft.teacher) == configs.resolve(
+        "configs/models/summ_large_target.yaml"
+    )
+    assert draft.train.distill_weight > 0
