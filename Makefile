@@ -28,7 +28,7 @@ install: $(STAMP)
 ## beats crossing processes every iteration; BENCHMARKS.md "bfloat16 matmuls").
 run: $(RUN_STAMP)
 	$(BIN)/specdec translate --input assets/samples/en_de_debian_sample.tsv \
-	    --target ende_target_debian --draft ende_draft_debian_seq --draft-placement target \
+	    --target ende_target_debian --draft ende_draft_debian_seq2 --draft-placement target \
 	    --output runs/translate/sample.jsonl --compare-baseline \
 	    --summary-json runs/translate/sample.summary.json
 

@@ -56,7 +56,8 @@ from workers.batching import DecodeSettings, Request
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_INPUT = "assets/samples/en_de_debian_sample.tsv"
 DEFAULT_DRAFTS = (
-    "ende_draft_debian_kd,ende_draft_debian,ende_draft_debian_seq,ende_draft_debian_base"
+    "ende_draft_debian_kd,ende_draft_debian,ende_draft_debian_seq,ende_draft_debian_seq2,"
+    "ende_draft_debian_base"
 )
 GOALS = {0.0: 1.5, 1.0: 1.3}  # issue 21: make run's speedup at T=0 and at T=1
 

@@ -13,7 +13,7 @@ the target's own (T=0).
 Jobs (``--jobs`` picks some):
 
 - ``translate``: the Debian pair (``ende_target_debian`` + ``--draft``, by default
-  make run's ``ende_draft_debian_seq``) on ``assets/samples/en_de_debian_sample.tsv`` =
+  make run's ``ende_draft_debian_seq2``) on ``assets/samples/en_de_debian_sample.tsv`` =
   ``make run``, through Ray and in-process, γ auto and γ = 1, 2, 3 (the sweep the auto
   choice is compared with; γ = 1 through Ray too, for Ray against in-process), and
   through Ray with the draft in the target's actor (``--draft-placement target``, make
@@ -46,7 +46,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 INPROCESS = ("--workers", "inprocess")
 RAY = ("--workers", "ray")
 IN_TARGET = ("--draft-placement", "target")  # make run's: the loop compiled in the target's actor
-DEFAULT_DRAFT = "ende_draft_debian_seq"  # make run's draft
+DEFAULT_DRAFT = "ende_draft_debian_seq2"  # make run's draft
 
 
 def translate_args(draft: str) -> tuple[str, ...]:

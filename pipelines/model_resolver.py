@@ -46,7 +46,7 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs" / "models"
 # The embedded pairs that jobs default to (configs/models, exports in assets/checkpoints):
 DEFAULT_TARGET = "ende_target_debian"  # En->De on the Debian corpus (issue 21)
-DEFAULT_DRAFT = "ende_draft_debian_seq"  # KL-distilled from it, then on its outputs (BENCHMARKS)
+DEFAULT_DRAFT = "ende_draft_debian_seq2"  # KL-distilled from it, then on its outputs (BENCHMARKS)
 SUMMARY_TARGET = "summ_target"  # description -> synopsis on Debian's package descriptions
 SUMMARY_DRAFT = "summ_draft"  # KL-distilled from it (BENCHMARKS, Summarizer pair)
 DEFAULT_GAMMA = 2  # the best fixed γ measured for the default pair (BENCHMARKS "Automatic γ")
