@@ -128,22 +128,21 @@ def main() -> None:
         flush=True,
     )
 
-    alphas, lengths = {}, {t: [] for t in GOALS}
+    alphas, steps = {}, {}
     for t in GOALS:
-        alphas[t], _ = alpha_per_draft(
+        alphas[t], _, lengths = alpha_per_draft(
             target,
             drafts,
             encoded,
             temperature=t,
             max_new=args.max_new_tokens,
             seed=args.seed,
-            trajectory_lengths=lengths[t],
         )
-    # the target's decode steps per sentence: what its per-request costs are shared over
-    steps = {t: float(np.mean(v)) for t, v in lengths.items()}
-    # one sentence of median length, as the job's cost probe picks it
-    median = sorted(encoded, key=len)[len(encoded) // 2]
-    encoder = np.asarray([median], np.int32)
+        # the target's decode steps per sentence: what its per-request costs are shared over
+        steps[t] = float(np.mean(lengths))
+    # one sentence of median length, as the job's cost probe picks it: every cost below
+    median = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))[len(encoded) // 2]
+    encoder = np.asarray([encoded[median]], np.int32)
     cache_len = decode_cache_len(args.max_new_tokens, max(gammas))
     timed = dict(cache_len=cache_len, in_loop=True)
     timers = {k: costs.call_timer(target, encoder, k=k, **timed) for k in range(1, max(gammas) + 2)}
@@ -156,14 +155,11 @@ def main() -> None:
         t: loop_overheads(target.vocab_size, gammas, batch=1, temperature=t) for t in GOALS
     }
     # each model's encoder and prefill per request (batch 1, as the engine packs it)
-    requests = [
-        Request(id=str(i), prompt_tokens=(text.DECODER_START_ID,), encoder_tokens=ids)
-        for i, ids in enumerate(encoded)
-    ]
+    request = Request(
+        id="median", prompt_tokens=(text.DECODER_START_ID,), encoder_tokens=encoded[median]
+    )
     settings = DecodeSettings(gamma=max(gammas), max_new_tokens=args.max_new_tokens)
-    fixed_s = {
-        m.name: fixed_cost(m, [requests[len(requests) // 2]], settings) for m in (target, *drafts)
-    }
+    fixed_s = {m.name: fixed_cost(m, [request], settings) for m in (target, *drafts)}
 
     def step_costs(draft_step_s: float, draft_fixed_s: float, t: float) -> theory.StepCosts:
         per_token, per_iteration = overheads[t]
@@ -196,13 +192,16 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|")
     for i, draft in enumerate(drafts):
-        entry = report["drafts"][draft.name] = {"params": params[draft.name], "by_t": {}}
+        entry = report["drafts"][draft.name] = {
+            "params": params[draft.name],
+            "c": step_s[draft.name] / target_s[1],
+            "by_t": {},
+        }
         for t, goal in GOALS.items():
             alpha, low, high = alphas[t][i]
             cost = step_costs(step_s[draft.name], fixed_s[draft.name], t)
             best, gamma = best_over_gammas(alpha, cost, steps[t])
             need = alpha_needed(cost, goal, steps[t])
-            entry["c"] = cost.c
             entry["by_t"][t] = {
                 "alpha": alpha,
                 "alpha_ci": [low, high],

@@ -99,12 +99,12 @@ def alpha_per_draft(
     max_new,
     seed,
     batch=8,
-    trajectory_lengths: list | None = None,
 ):
-    """([(α, low, high)] per draft, (top, low, high)): β along the target's trajectories
-    (study functions), and the target's own mean largest next-token probability (T=1)
-    along the same trajectories — how sure it is of the choices the drafts must match.
-    ``trajectory_lengths``, where given, gets each trajectory's generated positions appended."""
+    """([(α, low, high)] per draft, (top, low, high), [positions per trajectory]).
+
+    β along the target's trajectories (study functions), the target's own mean largest
+    next-token probability (T=1) along the same trajectories — how sure it is of the
+    choices the drafts must match — and each trajectory's generated positions."""
     sampling = SamplingConfig(temperature=temperature)
     settings = study.MeasureSettings(
         sampling=sampling,
@@ -133,14 +133,13 @@ def alpha_per_draft(
         top = study.top_probability_along(target, prompt_batch, tokens, lengths)[real]
         top_sums += np.nansum(top, 1).tolist()
         top_counts += np.isfinite(top).sum(1).tolist()
-        if trajectory_lengths is not None:
-            trajectory_lengths += np.isfinite(top).sum(1).tolist()
         for i, beta in enumerate(betas):
             beta = beta[real]
             sums[i] += np.nansum(beta, 1).tolist()
             counts[i] += np.isfinite(beta).sum(1).tolist()
     ci = functools.partial(study.ratio_with_ci, confidence=0.95, resamples=1000, seed=seed)
-    return [ci(s, c) for s, c in zip(sums, counts, strict=True)], ci(top_sums, top_counts)
+    alphas = [ci(s, c) for s, c in zip(sums, counts, strict=True)]
+    return alphas, ci(top_sums, top_counts), top_counts
 
 
 def decode_cache_len(max_new: int, gamma: int) -> int:
@@ -381,7 +380,7 @@ def main() -> None:
 
     alphas, confidence = {}, {}
     for t in TEMPERATURES:
-        alphas[t], confidence[t] = alpha_per_draft(
+        alphas[t], confidence[t], _ = alpha_per_draft(
             target,
             drafts,
             encoded,

@@ -129,8 +129,9 @@ def test_a_stopped_run_resumes_from_its_parts_and_a_larger_limit_keeps_them(
 
     def decode_all(model, encoded, **kwargs):
         calls.append(kwargs["first_id"])
-        if kwargs["first_id"] == 2 and stop.pop() if stop else False:
-            raise Stopped  # the first run is stopped in its second part
+        if kwargs["first_id"] == 2 and stop:
+            stop.pop()
+            raise Stopped  # the first run is stopped in its second part, once
         return real_decode(model, encoded, **kwargs)
 
     monkeypatch.setattr(kd_data, "decode_all", decode_all)
