@@ -7,21 +7,32 @@ the committed file from the committed splits (tests/test_debian_corpus.py checks
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Sequence
 
 from pipelines.data import ding
-from pipelines.data.debian.build import read_source_split, sources_of
+from pipelines.data.debian.build import read_source_split
+
+# The sources the committed sample draws from: the corpus the committed pair was trained
+# on. The documentation and manual-page sources came later (the pair never saw their
+# domains in training), so make run's sample and every figure measured on it stay as
+# they were; their test splits are measured on their own (BENCHMARKS.md).
+SAMPLE_SOURCES = ("ding", "ddtp", "lohelp", "catalogs", "mozilla")
 
 
 def pick_sample(
-    data_dir: str | pathlib.Path, *, per_source: int = 10, max_words: int = 30
+    data_dir: str | pathlib.Path,
+    *,
+    per_source: int = 10,
+    max_words: int = 30,
+    sources: Sequence[str] = SAMPLE_SOURCES,
 ) -> list[tuple[str, str]]:
-    """``per_source`` full-sentence test pairs of every source, in hash order (the main
+    """``per_source`` full-sentence test pairs of each source, in hash order (the main
     job's sample: ``assets/samples/en_de_debian_sample.tsv``, sources interleaved)."""
     picked = [
         ding.pick_samples(
             read_source_split(data_dir, name, "test"), per_source, max_words=max_words
         )
-        for name in sources_of(data_dir)
+        for name in sources
     ]
     return [pair for row in zip(*picked, strict=False) for pair in row]
 
