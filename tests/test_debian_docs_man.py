@@ -101,6 +101,12 @@ def test_man_render_resolves_escapes_and_font_changes():
     assert manpages.render(r"\(lqfoo\(rq \(em \fIpath\fR\e\(Fobar\(Fc") == "“foo” — path\\«bar»"
     page = '.TH X 1\n.SH "SEE ALSO"\n.BR chdir (2),\n.IR "two words" .\n'
     assert manpages.blocks(page) == [("SH", "SEE ALSO"), ("SH-body", "chdir(2), two words.")]
+    # macro definitions and ignored blocks are not text, up to ".." or an indented ".  ."
+    page = (
+        ".TH X 1\n.de URL\n\\fI\\\\$2\\fP <\\\\$1>\n.nf\n..\n.if \\n[.g] \\{\\\n"
+        ".  am URL\n.    ad l\n.  .\n.\\}\n.ig\nhidden text\n..\n.SH NAME\nx \\- does y\n"
+    )
+    assert manpages.blocks(page) == [("SH", "NAME"), ("SH-body", "x - does y")]
 
 
 def test_man_pairs_chdir_without_synopsis_or_translator_credits():

@@ -15,7 +15,8 @@ or section by section when only some sections match, as ``docs`` does for HTML).
 Text is rendered from roff: font macros (``.B``, ``.BR``, ``.IR``, ...) and escapes
 (``\\fB``, ``\\-``, ``\\(em``, ...) become plain text, comments are dropped, and text
 in no-fill mode (``.nf`` ... ``.fi``, ``.EX`` ... ``.EE``: synopses, listings) and
-tables (``.TS`` ... ``.TE``) keeps the sequence aligned but is never a unit. A page that
+tables (``.TS`` ... ``.TE``) keeps the sequence aligned but is never a unit. Macro
+definitions and ignored blocks (``.de``, ``.am``, ``.ig`` up to ``..``) are skipped. A page that
 is a link (a symlink or a ``.so`` line) is skipped. The group is the page
 (``man:man2/chdir.2``).
 """
@@ -120,6 +121,9 @@ _ESCAPE = re.compile(
 )
 
 
+_END_OF_DEFINITION = re.compile(r"[.'][ \t]*\.[ \t]*$")  # "..", or ".  ." when indented
+
+
 def render(text: str) -> str:
     """Plain text of a line of roff text (escapes resolved, font changes dropped)."""
 
@@ -169,8 +173,15 @@ def blocks(page: str) -> list[tuple[str, str]]:
             out.append((current if no_fill_end is None else f"nf:{current}", text))
         parts.clear()
 
+    definition = False  # inside .de / .am / .ig, up to "..": macro bodies, not text
     for line in page.splitlines():
+        if definition:
+            definition = not _END_OF_DEFINITION.match(line)
+            continue
         if line.startswith(('.\\"', "'\\\"", '\\"')) or line.strip() in {".", "'"}:
+            continue
+        if re.match(r"[.'][ \t]*(de|de1|am|ig)\b", line):
+            definition = True
             continue
         if line[:1] in {".", "'"}:
             name, _, rest = line[1:].strip().partition(" ")
