@@ -12,7 +12,8 @@ are paired block by block where their sequences of block tags are identical:
   whose tag sequences match, when both pages have the same number of sections;
 - otherwise not at all (a page whose structure differs is skipped and counted).
 
-``pre`` blocks (commands, listings) keep the sequence aligned but are not units. A pair
+``pre`` blocks (commands, listings) keep the sequence aligned but are not units; page
+navigation (``class="docnav"``, ``navheader``, ``navfooter``) is left out. A pair
 whose two sides differ in length by more than ``MAX_LENGTH_RATIO`` is taken as a
 misalignment and dropped. The group is the chapter (``docs:debian-reference/ch01``).
 
@@ -33,6 +34,8 @@ BLOCK_TAGS = {"p", "h1", "h2", "h3", "h4", "h5", "h6", "li", "dt", "dd", "td", "
 BLOCK_TAGS |= {"title", "desc", "screen"}  # Mallard (GNOME help) adds desc and screen
 HEADINGS = {"h1", "h2", "h3", "h4", "h5", "h6"}
 NOT_UNITS = {"pre", "screen"}  # kept in the sequence (alignment) but never paired
+# DocBook / Publican page navigation ("Prev", "Next", the neighbours' titles): not text
+NAVIGATION_CLASSES = {"docnav", "navheader", "navfooter"}
 _SKIPPED_TAGS = {"script", "style", "comment"}  # Mallard editor comments: never translated
 MAX_LENGTH_RATIO = 3.0
 
@@ -153,6 +156,7 @@ class _BlockParser(html.parser.HTMLParser):
         self.blocks: list[tuple[str, str]] = []
         self._open: list[tuple[str, list[str]]] = []
         self._skip = 0
+        self._navigation: list = []  # [tag, how many of it are open] inside a nav element
 
     def _flush(self):
         if self._open and "".join(self._open[-1][1]).strip():
@@ -162,7 +166,11 @@ class _BlockParser(html.parser.HTMLParser):
             self._open[-1] = (self._open[-1][0], [])
 
     def handle_starttag(self, tag, attrs):
-        if tag in _SKIPPED_TAGS:
+        if self._navigation:
+            self._navigation[1] += tag == self._navigation[0]
+        elif NAVIGATION_CLASSES & set((dict(attrs).get("class") or "").split()):
+            self._navigation = [tag, 1]
+        elif tag in _SKIPPED_TAGS:
             self._skip += 1
         elif tag in BLOCK_TAGS:
             self._flush()
@@ -175,7 +183,11 @@ class _BlockParser(html.parser.HTMLParser):
             self.handle_data(" ")
 
     def handle_endtag(self, tag):
-        if tag in _SKIPPED_TAGS:
+        if self._navigation:
+            self._navigation[1] -= tag == self._navigation[0]
+            if not self._navigation[1]:
+                self._navigation = []
+        elif tag in _SKIPPED_TAGS:
             self._skip = max(0, self._skip - 1)
         elif tag in BLOCK_TAGS and any(open_tag == tag for open_tag, _ in self._open):
             while self._open:  # closes the block and any left open inside it
@@ -185,7 +197,7 @@ class _BlockParser(html.parser.HTMLParser):
                     break
 
     def handle_data(self, data):
-        if not self._skip and self._open:
+        if not self._skip and not self._navigation and self._open:
             self._open[-1][1].append(data)
 
     def close(self):
