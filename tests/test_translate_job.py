@@ -17,7 +17,16 @@ import numpy as np
 import pytest
 import yaml
 
-from pipelines import inference, job_prediction, job_report, record_io, text, transforms, translate
+from pipelines import (
+    inference,
+    job_prediction,
+    job_report,
+    job_table,
+    record_io,
+    text,
+    transforms,
+    translate,
+)
 from pipelines.cli import main
 from pipelines.model_resolver import DEFAULT_VOCAB
 from specdec_core import costs as speculative_costs
@@ -214,6 +223,17 @@ def test_greedy_job_writes_every_record_and_equals_the_baseline(run_job):
     assert summary["efficiency"] == pytest.approx(summary["speedup"] / summary["predicted_speedup"])
     assert set(summary["step_costs_ms"]["target"]) == {"1", "2", str(GAMMA + 1)}
     assert summary["time_breakdown"]["cost_probe"] > 0
+
+
+def test_the_printed_time_counts_from_the_process_start(run_job):
+    summary = run_job("inprocess", 0.0, "--compare-baseline").summary
+    phases = summary["time_breakdown"]
+    printed = job_table._job_time(summary)  # the first line of the job's table
+    total = float(printed.split(" s after the process started")[0])
+    before = phases["startup"] + phases.get("ray_start", 0.0)  # imports, Ray's start
+    assert total == pytest.approx(summary["job_s"] + before, abs=0.05)
+    assert total > summary["first_record_s"] > phases["startup"]
+    assert f"first record at {summary['first_record_s']:.1f} s" in printed
 
 
 def test_mlflow_run_has_params_metrics_and_artifacts(run_job, models, tracking_uri, tmp_path):
