@@ -10,6 +10,8 @@ from __future__ import annotations
 import gzip
 import pathlib
 
+import pytest
+
 from pipelines.data.debian import build, docs, manpages
 from pipelines.data.debian.common import Pair
 
@@ -161,3 +163,13 @@ def test_docs_leaves_page_navigation_out():
     german = navigation.format(prev="Zurück", title="Koexistenz") + "<p>APT ist ein Werkzeug.</p>"
     pairs, _ = docs.align_documents(english, german, "g")
     assert [(p.english, p.german) for p in pairs] == [("APT is a tool.", "APT ist ein Werkzeug.")]
+
+
+def test_a_partial_build_may_not_replace_the_committed_corpus(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        build.main(["--sources", "manpages", "--cache", str(tmp_path / "cache")])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "--sources manpages builds a corpus of those sources only" in err
+    assert "Give --output" in err
+    assert not (tmp_path / "cache").exists()  # refused before fetching anything

@@ -348,6 +348,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
     unknown = [name for name in sources if name not in SOURCE_ORDER]
     if unknown:
         parser.error(f"unknown source(s) {unknown}; expected some of {SOURCE_ORDER}")
+    partial = set(sources) != set(SOURCE_ORDER)
+    if partial and pathlib.Path(args.output).resolve() == DEFAULT_OUTPUT.resolve():
+        parser.error(
+            f"--sources {','.join(sources)} builds a corpus of those sources only (their "
+            f"splits, dedupe and leakage rule see no other); it would replace the committed "
+            f"corpus in {DEFAULT_OUTPUT}, which is built from all of {','.join(SOURCE_ORDER)}. "
+            "Give --output for a partial corpus"
+        )
     totals = build(pathlib.Path(args.output), cache=pathlib.Path(args.cache), sources=sources)
     print(json.dumps(totals, indent=2))
     return totals
