@@ -267,11 +267,17 @@ def plausible(english: str, german: str) -> bool:
     return long / short <= MAX_LENGTH_RATIO or long < 20
 
 
-def align_documents(english: str, german: str, group: str) -> tuple[list[Pair], dict]:
-    """Pairs of two HTML pages and counts (``unaligned_blocks``, ``implausible``)."""
-    pairs, unaligned = aligned_blocks(blocks(english), blocks(german))
+def paired_blocks(english: list, german: list, group: str, **rules) -> tuple[list[Pair], dict]:
+    """The plausible pairs of two pages' blocks (``aligned_blocks(**rules)``) and counts
+    (``unaligned_blocks``, ``implausible``); the manual pages' aligner shares it."""
+    pairs, unaligned = aligned_blocks(english, german, **rules)
     kept = [Pair(en, de, group) for en, de in pairs if plausible(en, de)]
     return kept, {"unaligned_blocks": unaligned, "implausible": len(pairs) - len(kept)}
+
+
+def align_documents(english: str, german: str, group: str) -> tuple[list[Pair], dict]:
+    """Pairs of two HTML pages and counts (``unaligned_blocks``, ``implausible``)."""
+    return paired_blocks(blocks(english), blocks(german), group)
 
 
 def extract(manual: Manual, english_root: pathlib.Path, german_root: pathlib.Path):

@@ -121,6 +121,9 @@ _ESCAPE = re.compile(
 )
 
 
+HEADINGS = {"SH", "SS"}
+CREDITS_HEADING = "ÜBERSETZUNG"
+_DEFINITION = re.compile(r"[.'][ \t]*(de|de1|am|ig)\b")  # a macro body or ignored block
 _END_OF_DEFINITION = re.compile(r"[.'][ \t]*\.[ \t]*$")  # "..", or ".  ." when indented
 
 
@@ -180,7 +183,7 @@ def blocks(page: str) -> list[tuple[str, str]]:
             continue
         if line.startswith(('.\\"', "'\\\"", '\\"')) or line.strip() in {".", "'"}:
             continue
-        if re.match(r"[.'][ \t]*(de|de1|am|ig)\b", line):
+        if _DEFINITION.match(line):
             definition = True
             continue
         if line[:1] in {".", "'"}:
@@ -217,10 +220,6 @@ def blocks(page: str) -> list[tuple[str, str]]:
     return out
 
 
-HEADINGS = {"SH", "SS"}
-CREDITS_HEADING = "ÜBERSETZUNG"
-
-
 def is_unit(macro: str) -> bool:
     """Whether a block is a translation unit (not no-fill text, not the page header)."""
     return not macro.startswith("nf:") and macro not in {"TH", "top"}
@@ -235,10 +234,9 @@ def without_credits(german: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return german
 
 
-def _is_link(path: pathlib.Path) -> bool:
-    if path.is_symlink():
-        return True
-    head = read_page(path)[:200].lstrip()
+def _is_so_page(text: str) -> bool:
+    """A page that only includes another (``.so man3/getcwd.3``)."""
+    head = text[:200].lstrip()
     return head.startswith(".so ") and len(head.splitlines()) <= 2
 
 
@@ -252,11 +250,10 @@ def read_page(path: pathlib.Path) -> str:
 
 def align_pages(english: str, german: str, group: str) -> tuple[list[Pair], dict]:
     """Pairs of two roff pages and counts (``unaligned_blocks``, ``implausible``)."""
-    pairs, unaligned = docs.aligned_blocks(
-        blocks(english), without_credits(blocks(german)), headings=HEADINGS, is_unit=is_unit
+    german_blocks = without_credits(blocks(german))
+    return docs.paired_blocks(
+        blocks(english), german_blocks, group, headings=HEADINGS, is_unit=is_unit
     )
-    kept = [Pair(a, b, group) for a, b in pairs if docs.plausible(a, b)]
-    return kept, {"unaligned_blocks": unaligned, "implausible": len(pairs) - len(kept)}
 
 
 def extract(german_roots: list[pathlib.Path], english_roots: list[pathlib.Path]):
@@ -274,11 +271,15 @@ def extract(german_roots: list[pathlib.Path], english_roots: list[pathlib.Path])
             if english is None:
                 counts["no_english"] += 1
                 continue
-            if _is_link(path) or _is_link(english):
+            if path.is_symlink() or english.is_symlink():
+                counts["links"] += 1
+                continue
+            english_text, german_text = read_page(english), read_page(path)
+            if _is_so_page(german_text) or _is_so_page(english_text):
                 counts["links"] += 1
                 continue
             group = "man:" + re.sub(r"\.gz$", "", relative)
-            found, page_counts = align_pages(read_page(english), read_page(path), group)
+            found, page_counts = align_pages(english_text, german_text, group)
             pairs.extend(found)
             counts["pages"] += 1
             for key, value in page_counts.items():
