@@ -9,9 +9,9 @@
    its source's ``counts.json``; a source left with no package is written empty.
    DDTP needs ``apt-get update -o Acquire::Languages=en,de`` once beforehand.
 2. *align* per source (``sources.py``: ``ddtp``, ``lohelp``, ``catalogs``, ``mozilla``,
-   ``docs``, ``manpages``), then *clean*
-   (``common.clean_text``) and *filter* (``common.reject_reason``: empty, letterless,
-   over-long, key-like ids, German equal to English).
+   ``docs``, ``manpages``), then *clean* (``common.clean_text``) and *filter*
+   (``common.reject_reason``: empty, letterless, over-long, key-like ids, German equal
+   to English).
 3. *dedupe* exact pairs across all sources (the first source in ``SOURCE_ORDER`` keeps
    a pair; ``ding`` comes first so its committed test split never changes).
 4. *split by group*: groups in a fixed hash order fill ``test`` and then ``validation``
