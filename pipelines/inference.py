@@ -203,6 +203,14 @@ def close_engines(job_id: str) -> None:
         engine.close()
 
 
+def job_engine(job_id: str):
+    """The first engine the job built in this process (still open until
+    :func:`close_engines`), or None: none was, or Beam's workers built them elsewhere."""
+    with _ENGINES_LOCK:
+        engines = _ENGINES.get(job_id, [])
+        return engines[0] if engines else None
+
+
 class Progress:
     """Decoded-record count on stderr, at most every ``every_s`` seconds."""
 

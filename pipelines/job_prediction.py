@@ -12,6 +12,56 @@ from typing import Any
 from pipelines.job_report import _per_batch_max, _wall_s, row_gamma
 
 
+def probe(job, rows: Sequence[dict], summary: dict[str, Any], engine=None) -> dict[str, Any]:
+    """The cost model's predicted speedup for the run and measured / predicted
+    (:func:`prediction`), from the model calls timed after the pipeline on the run's
+    median-length record (batch and cache as the engine packs it; k = 1, 2 and γ+1 for
+    each γ that decoded a tenth of the tokens, the other γ's k interpolated:
+    :func:`probe_ks`).
+
+    ``engine``: the job's own engine, still open (``pipelines.inference.job_engine``).
+    It times the calls where the job ran them: a Ray engine in the target's worker (and
+    the draft's), on their devices, a target on a mesh included; the in-process engine
+    on its loaded models. Without one (Beam's worker processes built the engines) the
+    models load here and are timed on this host. ``step_costs_ms["measured_in"]`` says
+    which. Where the calls cannot be timed (a draft with no model calls), the summary
+    says why instead (``prediction_error``)."""
+    from pipelines import text
+    from workers.batching import Request
+    from workers.engine import measure_step_costs
+
+    if engine is None and job.target.spec.mesh is not None:
+        return {"predicted_speedup": None, "prediction_error": "the target runs on a mesh"}
+    ks, interpolated = probe_ks(rows)
+    median = sorted(rows, key=lambda row: len(row["source"]))[len(rows) // 2]
+    eos_id = job.settings.eos_id if job.settings.eos_id is not None else text.EOS_ID
+    encoded = text.encode(
+        text.sentencepiece(job.vocab_path), job.kind.prefix, median["source"], eos_id
+    )
+    request = Request(
+        id="cost-probe", prompt_tokens=(text.DECODER_START_ID,), encoder_tokens=encoded
+    )
+    try:
+        if engine is not None:
+            costs, measured_in = engine.step_costs(request, ks), MEASURED_IN[job.engine.kind]
+        else:
+            specs = (job.target.spec, job.draft.spec)
+            costs = measure_step_costs(*specs, job.settings, request, ks=ks)
+            measured_in = "job process"
+        costs = dataclasses.replace(
+            costs, target_s=with_interpolated(dict(costs.target_s), interpolated)
+        )
+        predicted = prediction(rows, summary, costs)
+    except Exception as error:  # reported in the summary: the job's result stands
+        return {"predicted_speedup": None, "prediction_error": f"{type(error).__name__}: {error}"}
+    predicted["step_costs_ms"] |= {"interpolated": interpolated, "measured_in": measured_in}
+    return predicted
+
+
+# where the job's own engine times the probe's calls (step_costs_ms["measured_in"])
+MEASURED_IN = {"ray": "workers", "inprocess": "in-process engine"}
+
+
 def prediction(rows: Sequence[dict], summary: dict[str, Any], costs) -> dict[str, Any]:
     """What the cost model predicts for this run, and how much of it the run reached.
 

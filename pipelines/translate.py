@@ -33,6 +33,7 @@ not compilation.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import pathlib
@@ -51,8 +52,8 @@ from pipelines.model_resolver import (
     ResolvedModel,
 )
 from workers.background import Background
-from workers.batching import DecodeSettings, Request
-from workers.engine import EngineConfig, check_models, measure_step_costs
+from workers.batching import DecodeSettings
+from workers.engine import EngineConfig, check_models
 from workers.gamma import GammaPrior
 
 if TYPE_CHECKING:
@@ -166,7 +167,7 @@ def run_job(job: JobConfig) -> dict[str, Any]:
     store = Background(
         lambda: tracking.ensure_experiment(job.kind.name, tracking_uri), name="mlflow-store"
     )
-    from pipelines.inference import process_started_at
+    from pipelines.inference import close_engines, job_engine, process_started_at
     from pipelines.launch import EARLY_NAME
 
     # imports, parsing, models resolved, input read
@@ -178,22 +179,25 @@ def run_job(job: JobConfig) -> dict[str, Any]:
     summary_path = job.summary_json or default_summary_path(job.output)
     started = time.perf_counter()
     params = job_report.job_params(job)  # the run's, and what an earlier run must match
-    with tracking.OptionalRun(
-        job.kind.name,
-        run_name=job_report.run_name(job),
-        params=params,
-        tags={"workers": job.engine.kind},
-        tracking_uri=tracking_uri,
-        hint=f"; log it later with: specdec log-run --summary-json {summary_path}",
-        store=store,
-    ) as run:
+    with (
+        contextlib.ExitStack() as stack,
+        tracking.OptionalRun(
+            job.kind.name,
+            run_name=job_report.run_name(job),
+            params=params,
+            tags={"workers": job.engine.kind},
+            tracking_uri=tracking_uri,
+            hint=f"; log it later with: specdec log-run --summary-json {summary_path}",
+            store=store,
+        ) as run,
+    ):
         job, prior_from = _with_previous_prior(job, run, params)
         phases["mlflow"] = time.perf_counter() - started
         job_id = run.run_id or uuid.uuid4().hex
         pipeline_start = time.perf_counter()
-        engines = _run_and_close(todo, job=job, job_id=job_id, parts=parts) if todo else None
+        stack.callback(close_engines, job_id)  # on failure; after the cost probe otherwise
+        engines = _run_pipeline(todo, job=job, job_id=job_id, parts=parts) if todo else None
         in_pipeline = time.perf_counter() - pipeline_start
-        ray_stop = _stop_ray(ray_start)
         traffic = engines.traffic if engines else None
         phases |= engines.phases if engines else {}
         # the rest of the pipeline's wall time (0 where worker processes decoded in parallel)
@@ -218,9 +222,11 @@ def run_job(job: JobConfig) -> dict[str, Any]:
             quality_metric=job.kind.quality_metric,
         )
         if job.compare_baseline and summary["speedup"] is not None:
-            probe_start = time.perf_counter()
-            summary |= _prediction(job, rows, summary)
+            probe_start = time.perf_counter()  # on the job's own engine, where it has one
+            summary |= job_prediction.probe(job, rows, summary, job_engine(job_id))
             phases["cost_probe"] = time.perf_counter() - probe_start
+        close_engines(job_id)  # the probe timed their models: Ray may stop now
+        ray_stop = _stop_ray(ray_start)
         summary |= {
             "records_resumed": len(done),
             "bytes_per_iteration": traffic["bytes_per_iteration"] if traffic else None,
@@ -321,46 +327,14 @@ def _start_ray(job: JobConfig) -> Background | None:
 
 def _stop_ray(ray_start: Background | None) -> Background | None:
     """Shuts down the local Ray instance that this job started (none it joined), in the
-    background: the job is done with Ray once the pipeline is, and Ray's shutdown
-    (1-2 s, most of it waiting on its daemons to exit) overlaps the cost probe, the
-    report and the MLflow logging instead of delaying the process's exit."""
+    background: the job is done with Ray once the cost probe has timed the workers'
+    models, and Ray's shutdown (1-2 s, most of it waiting on its daemons to exit)
+    overlaps the report and the MLflow logging instead of delaying the process's exit."""
     if ray_start is None or not ray_start.done() or not ray_start.wait():
         return None
     import ray
 
     return Background(ray.shutdown, name="ray-stop")
-
-
-def _prediction(job: JobConfig, rows: list[dict], summary: dict[str, Any]) -> dict[str, Any]:
-    """The cost model's predicted speedup for the run and measured / predicted
-    (``job_prediction.prediction``), the model calls timed here on the run's median-length
-    record (batch and cache as the engine packs it; k = 1, 2 and γ+1 for each γ that
-    decoded a tenth of the tokens, the other γ's k interpolated:
-    ``job_prediction.probe_ks``). Where they cannot be measured (a draft with no model
-    calls, a target on a mesh), the summary says why instead. A Ray job's driver loads
-    its models here, after the pipeline: loaded while Ray and the actors started, they
-    delayed the first record (BENCHMARKS.md "Start-up")."""
-    if job.target.spec.mesh is not None:
-        return {"predicted_speedup": None, "prediction_error": "the target runs on a mesh"}
-    ks, interpolated = job_prediction.probe_ks(rows)
-    median = sorted(rows, key=lambda row: len(row["source"]))[len(rows) // 2]
-    eos_id = job.settings.eos_id if job.settings.eos_id is not None else text.EOS_ID
-    encoded = text.encode(
-        text.sentencepiece(job.vocab_path), job.kind.prefix, median["source"], eos_id
-    )
-    request = Request(
-        id="cost-probe", prompt_tokens=(text.DECODER_START_ID,), encoder_tokens=encoded
-    )
-    try:
-        costs = measure_step_costs(job.target.spec, job.draft.spec, job.settings, request, ks=ks)
-        costs = dataclasses.replace(
-            costs, target_s=job_prediction.with_interpolated(dict(costs.target_s), interpolated)
-        )
-        predicted = job_prediction.prediction(rows, summary, costs)
-        predicted["step_costs_ms"]["interpolated"] = interpolated
-        return predicted
-    except Exception as error:  # reported in the summary: the job's result stands
-        return {"predicted_speedup": None, "prediction_error": f"{type(error).__name__}: {error}"}
 
 
 def default_summary_path(output: str) -> str:
@@ -380,10 +354,11 @@ def resume_settings(job: JobConfig) -> dict[str, Any]:
     return params | {"output": job.output, "dead_letter": job.dead_letter}
 
 
-def _run_and_close(records, *, job: JobConfig, job_id: str, parts: str) -> EngineMetrics:
-    """Runs the pipeline and returns what its engines reported; closes the engines built
-    in this process, even on failure (which raises record_io.JobFailed)."""
-    from pipelines.inference import SpeculativeModelHandler, close_engines, read_metrics
+def _run_pipeline(records, *, job: JobConfig, job_id: str, parts: str) -> EngineMetrics:
+    """Runs the pipeline and returns what its engines reported; a failure raises
+    record_io.JobFailed. The engines built in this process stay open (the job's cost
+    probe times their models): the caller closes them (``close_engines``), on failure too."""
+    from pipelines.inference import SpeculativeModelHandler, read_metrics
     from pipelines.transforms import run_pipeline
 
     handler = SpeculativeModelHandler(
@@ -404,8 +379,6 @@ def _run_and_close(records, *, job: JobConfig, job_id: str, parts: str) -> Engin
             f"the pipeline failed ({type(error).__name__}: {error}); the records it finished "
             f"are kept in {parts}: rerun the same command to continue"
         ) from error
-    finally:
-        close_engines(job_id)
 
 
 def _joinable(engine: EngineConfig) -> EngineConfig:

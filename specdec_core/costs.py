@@ -128,13 +128,41 @@ def step_costs(
 ) -> theory.StepCosts:
     """Target call seconds for each k of ``ks`` tokens and one draft step (k = 1), timed
     in interleaved rounds (:func:`interleaved_seconds`)."""
+    target_s, draft_s = timed_calls(
+        target,
+        draft,
+        encoder_tokens,
+        ks=ks,
+        cache_len=cache_len,
+        batch=batch,
+        in_loop=in_loop,
+        repeats=repeats,
+    )
+    return theory.StepCosts(target_s=target_s, draft_step_s=draft_s)
+
+
+def timed_calls(
+    target,
+    draft,
+    encoder_tokens: np.ndarray | None,
+    *,
+    ks: Sequence[int],
+    cache_len: int,
+    batch: int | None = None,
+    in_loop: bool = True,
+    repeats: int = 16,
+) -> tuple[dict[int, float], float | None]:
+    """(the target's seconds per call on each k of ``ks`` tokens, the draft's per step)
+    as :func:`step_costs` times them; ``draft`` None times the target alone (None for
+    the draft: a worker that hosts only the target, whose draft another process times)."""
     timed = dict(cache_len=cache_len, batch=batch, in_loop=in_loop, repeats=repeats)
     timers: dict[Hashable, tuple] = {
         k: call_timer(target, encoder_tokens, k=k, **timed) for k in ks
     }
-    timers["draft"] = call_timer(draft, encoder_tokens, k=1, **timed)
+    if draft is not None:
+        timers["draft"] = call_timer(draft, encoder_tokens, k=1, **timed)
     seconds = interleaved_seconds(timers, rounds=_rounds(in_loop))
-    return theory.StepCosts(target_s={k: seconds[k] for k in ks}, draft_step_s=seconds["draft"])
+    return {k: seconds[k] for k in ks}, seconds.get("draft")
 
 
 def predicted_tokens_speedup(

@@ -107,9 +107,14 @@ def test_a_sharded_target_in_its_ray_worker_gives_the_unsharded_tokens(
         info = ray_local.get(engine.target.info.remote())
         sharded = engine.generate(requests[:2]) + engine.generate(requests[2:])
         sharded_alone = engine.generate_baseline(requests[:2])
+        # the cost probe times the sharded target in its worker, on the slice's devices
+        probed = engine.step_costs(requests[0], ks=(1, 4), repeats=2) if temperature else None
     finally:
         engine.close()
     assert info["mesh"] == {"data": 1, "model": 8} and info["param_devices"] == 8
+    if probed is not None:
+        assert sorted(probed.target_s) == [1, 4] and min(probed.target_s.values()) > 0
+        assert probed.draft_step_s > 0  # in the coordinator's actor (the default placement)
     assert info["sharded_params"] > 10  # attention, MLP and embedding arrays are split
     unsharded = build_engine(
         EngineConfig(kind="inprocess", gamma=3),

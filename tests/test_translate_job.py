@@ -222,6 +222,7 @@ def test_greedy_job_writes_every_record_and_equals_the_baseline(run_job):
     assert summary["predicted_speedup"] > 0 and summary["baseline_at_limit"] > 0
     assert summary["efficiency"] == pytest.approx(summary["speedup"] / summary["predicted_speedup"])
     assert set(summary["step_costs_ms"]["target"]) == {"1", "2", str(GAMMA + 1)}
+    assert summary["step_costs_ms"]["measured_in"] == "in-process engine"
     assert summary["time_breakdown"]["cost_probe"] > 0
 
 
@@ -313,14 +314,20 @@ def test_ray_workers_give_the_inprocess_outputs(ray_local, run_job, temperature)
         if temperature
         else run_job("inprocess", 0.0, "--compare-baseline")
     )
-    pipelined = ("--pipelined",) if temperature else ()  # sampled: the pipelined loop
-    ray_job = run_job("ray", temperature, *pipelined)
+    # sampled: the pipelined loop; greedy: the cost probe, timed in the workers
+    extra = ("--pipelined",) if temperature else ("--compare-baseline",)
+    ray_job = run_job("ray", temperature, *extra)
     _assert_same_records(ray_job, inprocess)
+    if not temperature:
+        summary = ray_job.summary
+        assert summary["predicted_speedup"] > 0 and summary["identical_to_baseline"] is True
+        assert summary["step_costs_ms"]["measured_in"] == "workers"
+        assert set(summary["step_costs_ms"]["target"]) == {"1", "2", str(GAMMA + 1)}
     assert 0.1 < ray_job.summary["alpha"] < 0.98  # accepted and rejected drafts both occur
     # Traffic is logged, and per iteration it stays below γ vocabulary-sized vectors per row.
     assert 0 < ray_job.summary["bytes_per_iteration"] < GAMMA * BATCH * 8000 * 4
     early = ray_job.summary["early_blocks"]
-    if pipelined:  # every iteration settled an early block (counted by the draft)
+    if temperature:  # pipelined: every iteration settled an early block (the draft counts)
         assert 0 < early["proposed"] and 0 <= early["kept"] <= early["proposed"], early
         assert early["kept_share"] == early["kept"] / early["proposed"]
     else:
@@ -334,10 +341,13 @@ def test_beam_worker_processes_give_the_single_process_outputs(run_job):
     """Beam's multi-process mode: each worker process builds its own engine (in
     DoFn.setup), and what the engines did comes back as Beam metrics."""
     expected = run_job("inprocess", 1.0)
-    job = run_job("inprocess", 1.0, *MULTI_PROCESS)
+    job = run_job("inprocess", 1.0, "--compare-baseline", *MULTI_PROCESS)
     _assert_same_records(job, expected)
     phases = job.summary["time_breakdown"]
     assert phases["engine_start"] > 0 and phases["decode"] > 0, phases  # from the workers
+    # no engine in this process: the cost probe loads the models here
+    assert job.summary["step_costs_ms"]["measured_in"] == "job process"
+    assert job.summary["predicted_speedup"] > 0
     assert 0 < job.summary["first_record_s"] < job.summary["job_s"] + phases["startup"] + 60
 
 

@@ -86,6 +86,15 @@ def _ray_engine(settings: DecodeSettings, draft_seed: int = 1, **config):
     )
 
 
+def _assert_probed(engine, settings: DecodeSettings) -> None:
+    """The cost probe times the target on every k in its worker and the draft's step
+    where the draft runs (``RayEngine.step_costs``)."""
+    ks = (1, 2, settings.gamma + 1)
+    costs = engine.step_costs(_requests(1, offset=30)[0], ks=ks, repeats=2)
+    assert sorted(costs.target_s) == sorted(ks) and min(costs.target_s.values()) > 0
+    assert costs.draft_step_s > 0
+
+
 def _as_inprocess(engine, local, reqs) -> tuple[list, dict]:
     """Decodes ``reqs`` in two batches and the first with the target alone on ``engine``
     (then closes it), asserts that ``local`` gives the same tokens and acceptance counts,
@@ -118,6 +127,8 @@ def test_ray_workers_equal_inprocess(ray_local, temperature, placement, transpor
     reqs = _requests(4, offset=10)
     engine = _ray_engine(settings, draft_placement=placement, transport=transport)
     assert engine.transport == transport  # the direct channel connected (no fallback)
+    if transport == "ray":  # once per placement: the draft in the coordinator, in its own actor
+        _assert_probed(engine, settings)
     remote, traffic = _as_inprocess(engine, _inprocess(settings), reqs)
     # Per-iteration traffic (the pickled blobs): one V-vector per row plus the state,
     # ids and scalars, never γ·V.
@@ -172,6 +183,7 @@ def test_a_draft_in_the_targets_actor_equals_inprocess(ray_local, temperature):
     try:
         remote = engine.generate(reqs[:2]) + engine.generate(reqs[2:])
         traffic, placement = engine.traffic(), engine.placement()
+        _assert_probed(engine, settings)  # both models timed in the target's actor
     finally:
         engine.close()
     expected = local.generate(reqs[:2]) + local.generate(reqs[2:])

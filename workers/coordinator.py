@@ -144,6 +144,17 @@ class SpeculativeCoordinator(recovery.Restartable):
             info = self._ray.get(self.draft.info.remote())
         return {**info, "transport": self.transport}
 
+    def draft_step_seconds(self, encoder_tokens, cache_len: int, batch: int, repeats: int):
+        """The draft's seconds per step, timed where it runs (its own actor, or this one:
+        ``workers.model_worker.ModelWorker.step_costs``); None when the target's actor
+        hosts it (that actor times it beside the target)."""
+        if self.in_target is not None:
+            return None
+        args = (encoder_tokens, (1,), cache_len, batch, repeats)
+        if self.local_draft is not None:
+            return self.local_draft.step_costs(*args)["target_s"][1]
+        return self._ray.get(self.draft.step_costs.remote(*args))["target_s"][1]
+
     def _draft_call(self, method: str, *args):
         """A draft method: called directly when co-located, else as a wire call."""
         if self.local_draft is not None:

@@ -167,6 +167,9 @@ def clear_model_cache() -> None:
     _cached_model.cache_clear()
 
 
+PROBE_REPEATS = 8  # model calls per timed run of the cost probe
+
+
 def measure_step_costs(
     target: ModelSpec,
     draft: ModelSpec,
@@ -174,20 +177,41 @@ def measure_step_costs(
     request: Request,
     *,
     ks: Sequence[int],
-    repeats: int = 8,
+    repeats: int = PROBE_REPEATS,
 ):
     """The cost model's inputs (``theory.StepCosts``), measured in this process on the
-    job's models at the shape the engine packs ``settings.batch_size`` copies of
-    ``request`` into: the target on each k of ``ks`` tokens and one draft step, on
-    decode-sized caches, as the compiled loop calls them (``specdec_core.costs``). In-process
-    jobs reuse their loaded models; for a Ray job the models load here (this host's
-    figures, not those of the workers' devices)."""
+    job's models (:func:`probe_costs`; for a Ray job they load here: this host's figures,
+    not those of the workers' devices, which :meth:`workers.ray_engine.RayEngine.step_costs`
+    gives while the workers run)."""
+    return probe_costs(
+        _bound_model(target), _bound_model(draft), settings, request, ks=ks, repeats=repeats
+    )
+
+
+def probe_batch(request: Request, settings: DecodeSettings) -> PackedBatch:
+    """The batch the cost probe times: ``settings.batch_size`` copies of ``request``,
+    packed as the engine packs a batch (its rows and cache length)."""
+    return pack([request] * settings.batch_size, settings)
+
+
+def probe_costs(
+    target: BoundModel,
+    draft: BoundModel,
+    settings: DecodeSettings,
+    request: Request,
+    *,
+    ks: Sequence[int],
+    repeats: int = PROBE_REPEATS,
+):
+    """The target on each k of ``ks`` tokens and one draft step, timed on decode-sized
+    caches of :func:`probe_batch`, as the compiled loop calls them
+    (``specdec_core.costs.step_costs``)."""
     from specdec_core import costs
 
-    batch = pack([request] * settings.batch_size, settings)
+    batch = probe_batch(request, settings)
     return costs.step_costs(
-        _bound_model(target),
-        _bound_model(draft),
+        target,
+        draft,
         batch.encoder_tokens,
         ks=ks,
         cache_len=batch.max_len,
@@ -290,6 +314,10 @@ class InProcessEngine:
         start = time.perf_counter()
         result = decode_baseline(self.target, batch, self.settings)
         return unpack(batch, result, wall_ms=1e3 * (time.perf_counter() - start))
+
+    def step_costs(self, request: Request, ks: Sequence[int], repeats: int = PROBE_REPEATS):
+        """The cost model's inputs on this engine's models (:func:`probe_costs`)."""
+        return probe_costs(self.target, self.draft, self.settings, request, ks=ks, repeats=repeats)
 
     def close(self) -> None:
         pass

@@ -293,6 +293,33 @@ class ModelWorker(recovery.Restartable):
             self._draft = ModelWorker(spec)
         return self._draft.info()
 
+    def step_costs(
+        self,
+        encoder_tokens,
+        ks: tuple[int, ...],
+        cache_len: int,
+        batch: int,
+        repeats: int,
+        draft: ModelSpec | None = None,
+    ) -> dict:
+        """The cost model's inputs timed on this worker's devices, as the job's loop ran
+        them (``specdec_core.costs.timed_calls``): {"target_s": {k: seconds per call on k
+        tokens}, "draft_step_s": seconds per step of ``draft`` (:meth:`host_draft`, so
+        the draft this worker ran) or None}."""
+        from specdec_core import costs
+
+        hosted = self._draft.model if draft is not None and self.host_draft(draft) else None
+        target_s, draft_s = costs.timed_calls(
+            self.model,
+            hosted,
+            encoder_tokens,
+            ks=ks,
+            cache_len=cache_len,
+            batch=batch,
+            repeats=repeats,
+        )
+        return {"target_s": target_s, "draft_step_s": draft_s}
+
     def generate_with_draft(
         self, batch, settings: DecodeSettings, spec: ModelSpec
     ) -> decoding.DecodeResult:
