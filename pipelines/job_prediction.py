@@ -53,6 +53,7 @@ def probe(job, rows: Sequence[dict], summary: dict[str, Any], engine=None) -> di
         )
         predicted = prediction(rows, summary, costs)
     except Exception as error:  # reported in the summary: the job's result stands
+        error = getattr(error, "cause", None) or error  # a worker's, not Ray's traceback
         return {"predicted_speedup": None, "prediction_error": f"{type(error).__name__}: {error}"}
     predicted["step_costs_ms"] |= {"interpolated": interpolated, "measured_in": measured_in}
     return predicted

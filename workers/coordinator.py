@@ -145,11 +145,9 @@ class SpeculativeCoordinator(recovery.Restartable):
         return {**info, "transport": self.transport}
 
     def draft_step_seconds(self, encoder_tokens, cache_len: int, batch: int, repeats: int):
-        """The draft's seconds per step, timed where it runs (its own actor, or this one:
-        ``workers.model_worker.ModelWorker.step_costs``); None when the target's actor
-        hosts it (that actor times it beside the target)."""
-        if self.in_target is not None:
-            return None
+        """The draft's seconds per step, timed where it runs, in its own actor or in this
+        one (``workers.model_worker.ModelWorker.step_costs``). A draft in the target's
+        actor is timed there, beside the target (``RayEngine.step_costs``)."""
         args = (encoder_tokens, (1,), cache_len, batch, repeats)
         if self.local_draft is not None:
             return self.local_draft.step_costs(*args)["target_s"][1]

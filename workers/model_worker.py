@@ -308,10 +308,11 @@ class ModelWorker(recovery.Restartable):
         the draft this worker ran) or None}."""
         from specdec_core import costs
 
-        hosted = self._draft.model if draft is not None and self.host_draft(draft) else None
+        if draft is not None:
+            self.host_draft(draft)
         target_s, draft_s = costs.timed_calls(
             self.model,
-            hosted,
+            self._draft.model if draft is not None else None,
             encoder_tokens,
             ks=ks,
             cache_len=cache_len,
