@@ -115,29 +115,10 @@ def interleaved_seconds(
     return {key: float(np.median(times)) for key, times in seconds.items()}
 
 
-def step_costs(
-    target,
-    draft,
-    encoder_tokens: np.ndarray | None,
-    *,
-    ks: Sequence[int],
-    cache_len: int,
-    batch: int | None = None,
-    in_loop: bool = True,
-    repeats: int = 16,
-) -> theory.StepCosts:
+def step_costs(target, draft, encoder_tokens: np.ndarray | None, **timed) -> theory.StepCosts:
     """Target call seconds for each k of ``ks`` tokens and one draft step (k = 1), timed
-    in interleaved rounds (:func:`interleaved_seconds`)."""
-    target_s, draft_s = timed_calls(
-        target,
-        draft,
-        encoder_tokens,
-        ks=ks,
-        cache_len=cache_len,
-        batch=batch,
-        in_loop=in_loop,
-        repeats=repeats,
-    )
+    in interleaved rounds: :func:`timed_calls` (its keywords) as ``theory.StepCosts``."""
+    target_s, draft_s = timed_calls(target, draft, encoder_tokens, **timed)
     return theory.StepCosts(target_s=target_s, draft_step_s=draft_s)
 
 
