@@ -67,7 +67,7 @@ def prediction(rows: Sequence[dict], summary: dict[str, Any], costs) -> dict[str
     """What the cost model predicts for this run, and how much of it the run reached.
 
     ``costs`` (``theory.StepCosts``): the target's call seconds on k tokens and a draft
-    step, measured on decode-sized caches (``workers.engine.measure_step_costs``). The
+    step, measured on decode-sized caches (:func:`probe`). The
     loop's own work per step (sampling, commit, the loop) is what the run's target-alone
     decode loop spent per step beyond the target call (``baseline_loop_ms`` where the
     engine timed its loop apart, else the batch's wall time); a speculative iteration is
