@@ -144,14 +144,24 @@ class SpeculativeCoordinator(recovery.Restartable):
             info = self._ray.get(self.draft.info.remote())
         return {**info, "transport": self.transport}
 
-    def draft_step_seconds(self, encoder_tokens, cache_len: int, batch: int, repeats: int):
-        """The draft's seconds per step, timed where it runs, in its own actor or in this
-        one (``workers.model_worker.ModelWorker.step_costs``). A draft in the target's
-        actor is timed there, beside the target (``RayEngine.step_costs``)."""
-        args = (encoder_tokens, (1,), cache_len, batch, repeats)
+    def step_costs(
+        self, encoder_tokens, ks: tuple[int, ...], cache_len: int, batch: int, repeats: int
+    ) -> dict:
+        """The cost model's inputs timed where the job's models run
+        (``workers.model_worker.ModelWorker.step_costs``): the target on each k of ``ks``
+        in its actor, and the draft's step where the draft is, beside the target in
+        interleaved rounds when the target's actor hosts it. {"target_s", "draft_step_s"}."""
+        shape = (cache_len, batch, repeats)  # the cache, the rows, calls per timed run
+        call = self.target.step_costs.remote(encoder_tokens, ks, *shape, draft=self.in_target)
+        measured = self._ray.get(call)  # before the draft's timing starts: never both at once
+        if self.in_target is not None:
+            return measured
+        args = (encoder_tokens, (1,), *shape)
         if self.local_draft is not None:
-            return self.local_draft.step_costs(*args)["target_s"][1]
-        return self._ray.get(self.draft.step_costs.remote(*args))["target_s"][1]
+            draft = self.local_draft.step_costs(*args)
+        else:
+            draft = self._ray.get(self.draft.step_costs.remote(*args))
+        return {**measured, "draft_step_s": draft["target_s"][1]}
 
     def _draft_call(self, method: str, *args):
         """A draft method: called directly when co-located, else as a wire call."""

@@ -72,7 +72,6 @@ class RayEngine:
         self._ray, self.settings = ray, settings
         self.gamma_policy = gamma_policy  # workers.gamma.AdaptiveGamma: γ ≤ settings.gamma
         self.draft_placement = draft_placement
-        self._draft_spec = draft  # what the target's actor hosts (draft_placement target)
         # Ray restarts a dead actor (re-running __init__); the calls are retried here.
         restartable = {"max_restarts": max_restarts, "max_task_retries": 0}
         worker = ray.remote(**restartable)(ModelWorker)
@@ -152,26 +151,13 @@ class RayEngine:
     def step_costs(self, request: Request, ks: Sequence[int], repeats: int = PROBE_REPEATS):
         """The cost model's inputs (``theory.StepCosts``), timed by the workers that ran
         the job, on their own devices (a target on a slice included): the target's call
-        on each k of ``ks`` tokens in its actor, the draft's step where the draft runs
-        (beside the target for ``draft_placement="target"``, in interleaved rounds)."""
+        on each k of ``ks`` in its actor, the draft's step where the draft runs
+        (:meth:`workers.coordinator.SpeculativeCoordinator.step_costs`)."""
         from specdec_core import theory
 
         batch = probe_batch(request, self.settings)
-        shape = (batch.max_len, batch.size, repeats)  # the cache, the rows, calls per run
-        in_target = self.draft_placement == "target"
-        measured = self._ray.get(
-            self.target.step_costs.remote(
-                batch.encoder_tokens,
-                tuple(ks),
-                *shape,
-                draft=self._draft_spec if in_target else None,
-            )
-        )
-        draft_s = measured["draft_step_s"]
-        if not in_target:
-            where = self.coordinator.draft_step_seconds  # in its actor, or the draft's
-            draft_s = self._ray.get(where.remote(batch.encoder_tokens, *shape))
-        return theory.StepCosts(target_s=measured["target_s"], draft_step_s=draft_s)
+        args = (batch.encoder_tokens, tuple(ks), batch.max_len, batch.size, repeats)
+        return theory.StepCosts(**self._on_coordinator("step_costs", *args))
 
     def _generate(self, batch: PackedBatch, settings: DecodeSettings) -> decoding.DecodeResult:
         result, self._seen = self._on_coordinator("generate", batch, settings)
