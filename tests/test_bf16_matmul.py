@@ -49,9 +49,9 @@ def _inputs(batch: int):
     return encoder, tokens
 
 
-def _chunked_logits(model, encoder, tokens, chunk: int) -> np.ndarray:
+def _chunked_logits(model, encoder, tokens, chunk: int, cache_len: int = TOKENS + 1) -> np.ndarray:
     """Logits of every position, fed ``chunk`` tokens per call through the KV cache."""
-    cache = model.new_cache(encoder, encoder.shape[0], TOKENS + 1)
+    cache = model.new_cache(encoder, encoder.shape[0], cache_len)
     step = jax.jit(model.forward)
     out = []
     for start in range(0, TOKENS, chunk):
@@ -67,6 +67,39 @@ def test_a_rows_logits_are_the_same_bits_for_any_call_length(bound, batch):
     one = _chunked_logits(model, encoder, tokens, 1)
     for chunk in (2, 4, TOKENS):
         np.testing.assert_array_equal(_chunked_logits(model, encoder, tokens, chunk), one)
+
+
+def test_a_rows_logits_are_the_same_bits_beside_other_rows_and_in_any_cache(bound):
+    """Row 0 alone in a short cache, fed one token per call, against row 0 beside rows
+    of other sources of the same padded width in longer caches, fed up to every token in
+    one call: XLA's CPU reduce orders its sums by the whole array's size, so a plain sum
+    in a norm or a softmax failed this at 9 tokens in a 128-slot cache."""
+    model, _ = bound
+    encoder, tokens = _inputs(1)
+    alone = _chunked_logits(model, encoder, tokens, 1)
+    for batch in (2, 5):
+        others_encoder, others_tokens = _inputs(batch + 4)
+        sources = np.concatenate([encoder, others_encoder[1:batch]])
+        rows = np.concatenate([tokens, others_tokens[1:batch]])
+        for chunk, cache_len in ((1, 128), (TOKENS, 128), (4, 64)):
+            got = _chunked_logits(model, sources, rows, chunk, cache_len)[:1]
+            np.testing.assert_array_equal(got, alone, err_msg=f"batch {batch} chunk {chunk}")
+
+
+def test_an_ordered_sum_is_a_rows_own_whatever_the_shape_around_it():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((6, 40, 300)).astype(np.float32)
+    total = np.asarray(jax.jit(layers.ordered_sum)(x))
+    np.testing.assert_allclose(total, x.astype(np.float64).sum(-1), rtol=0, atol=1e-4)
+    for rows, width in ((1, 1), (1, 40), (6, 3), (2, 17)):
+        part = np.asarray(jax.jit(layers.ordered_sum)(x[:rows, :width]))
+        np.testing.assert_array_equal(part, total[:rows, :width])
+    # zeros after a row's elements (a cache's masked slots) leave its sum's bits as they are
+    padded = np.concatenate([x, np.zeros((6, 40, 213), np.float32)], axis=-1)
+    np.testing.assert_array_equal(np.asarray(jax.jit(layers.ordered_sum)(padded)), total)
+    assert layers.ordered_sum(jnp.ones((3, 1)), keepdims=True).shape == (3, 1)
+    probs = np.asarray(layers.softmax(jnp.asarray(x)))
+    np.testing.assert_allclose(probs, np.asarray(jax.nn.softmax(x, axis=-1)), atol=1e-6)
 
 
 def test_bfloat16_matmuls_stay_close_to_float32(bound):

@@ -37,6 +37,40 @@ Params = Mapping[str, Any]
 MASK_VALUE = -1e10  # T5X's additive bias for masked attention logits
 
 
+# ------------------------------------------------------------------------ reductions
+
+
+def ordered_sum(x: jax.Array, *, keepdims: bool = False) -> jax.Array:
+    """Sum over the last axis in one fixed order: x [..., n] -> [...] (or [..., 1]).
+
+    The elements are added pairwise, first half to second half, after zero padding to a
+    power of two. XLA's CPU reduce picks its order of summation from the whole array's
+    size, so with a plain ``sum`` a row's norm or softmax changed with the number of
+    rows or queries beside it; here every output is the same expression of its own row
+    whatever the shape around it, so a row's logits are the same bits at any call
+    length and batch size.
+    """
+    n = x.shape[-1]
+    width = 1 << max(n - 1, 0).bit_length()
+    if width != n:
+        x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - n)])
+    while x.shape[-1] > 1:
+        half = x.shape[-1] // 2
+        x = x[..., :half] + x[..., half:]
+    return x if keepdims else x[..., 0]
+
+
+def ordered_mean(x: jax.Array) -> jax.Array:
+    """Mean over the last axis in :func:`ordered_sum`'s order: [..., n] -> [..., 1]."""
+    return ordered_sum(x, keepdims=True) / x.shape[-1]
+
+
+def softmax(logits: jax.Array) -> jax.Array:
+    """Softmax over the last axis, its sum in :func:`ordered_sum`'s order."""
+    shifted = jnp.exp(logits - jax.lax.stop_gradient(logits.max(axis=-1, keepdims=True)))
+    return shifted / ordered_sum(shifted, keepdims=True)
+
+
 # ----------------------------------------------------------------------------- norms
 
 
@@ -47,7 +81,7 @@ def rms_norm(params: Params, x: jax.Array, *, epsilon: float = 1e-6, dtype=None)
     """
     dtype = dtype or x.dtype
     x32 = x.astype(jnp.float32)
-    mean2 = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+    mean2 = ordered_mean(jnp.square(x32))
     y = (x32 * jax.lax.rsqrt(mean2 + epsilon)).astype(dtype)
     return y * params["scale"].astype(dtype)
 
@@ -59,8 +93,8 @@ def layer_norm(params: Params, x: jax.Array, *, epsilon: float = 1e-5, dtype=Non
     """
     dtype = dtype or x.dtype
     x32 = x.astype(jnp.float32)
-    mean = jnp.mean(x32, axis=-1, keepdims=True)
-    var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+    mean = ordered_mean(x32)
+    var = ordered_mean(jnp.square(x32 - mean))
     y = ((x32 - mean) * jax.lax.rsqrt(var + epsilon)).astype(dtype)
     y = y * params["scale"].astype(dtype)
     if "bias" in params:
@@ -80,20 +114,28 @@ def check_matmul_dtype(value: str) -> None:
         raise ValueError(f"matmul_dtype must be one of {MATMUL_DTYPES}, got {value!r}")
 
 
+# The fewest rows a bfloat16 matmul is computed on (:meth:`Bfloat16Weight.contract`):
+# XLA's CPU kernels for one row (all CPUs) and for two rows (CPUs with AMX) sum in
+# another order than the kernel every larger call runs; four leaves a margin.
+MIN_MATMUL_ROWS = 4
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Bfloat16Weight:
     """A weight matrix for matmuls on bfloat16 inputs with float32 sums (a config's
     ``matmul_dtype: bfloat16``; TPU's default precision for float32 matmuls).
 
-    On this CPU, XLA's bfloat16 matrix kernels make a call on 2-5 tokens cost about
-    what one token's does, where float32 calls on 2-4 tokens cost 1.3-1.5x
-    (BENCHMARKS.md, "bfloat16 matmuls"). A single row is computed as a pair (itself
-    twice), so that every call runs the same kernel: a row's result is then the same
-    bits whatever the number of rows beside it (with :attr:`Heads.pair_single_query`),
-    and a decode's one-token and γ+1-token calls agree exactly. Otherwise rounding the
-    inputs to bfloat16 turns the float32 kernels' different orders of summation into
-    logit differences of ~1e-3, enough to flip a greedy near-tie.
+    On a CPU, XLA's bfloat16 matrix kernels make a call on a few tokens cost about
+    what one token's does (BENCHMARKS.md, "bfloat16 matmuls"). XLA picks the kernel by
+    the number of rows: one row becomes a float32 matrix-vector product, and on CPUs
+    with AMX the library kernel for two rows sums in another order than the one for
+    three or more. So a call on fewer than :data:`MIN_MATMUL_ROWS` rows is padded with
+    zero rows up to it, and every call runs the same kernel: a row's result is then the
+    same bits whatever the number of rows beside it (with
+    :attr:`Heads.pair_single_query`), and a decode's one-token and γ+1-token calls agree
+    exactly. Otherwise the kernels' different orders of summation give logit
+    differences large enough to flip a greedy near-tie.
     """
 
     bf16: jax.Array
@@ -115,12 +157,12 @@ class Bfloat16Weight:
         float32 out."""
         lead = x.shape[:-1]
         rows = x.astype(jnp.float32).astype(jnp.bfloat16).reshape(-1, x.shape[-1])
-        single = rows.shape[0] == 1
-        if single:
-            rows = jnp.concatenate([rows, rows], axis=0)
+        count = rows.shape[0]
+        if count < MIN_MATMUL_ROWS:
+            rows = jnp.pad(rows, ((0, MIN_MATMUL_ROWS - count), (0, 0)))
         dims = (((1,), (axis,)), ((), ()))
         out = jax.lax.dot_general(rows, self.bf16, dims, preferred_element_type=jnp.float32)
-        return (out[:1] if single else out).reshape(*lead, out.shape[-1])
+        return out[:count].reshape(*lead, out.shape[-1])
 
 
 def matmul_weights(params: Params, matmul_dtype: str) -> Params:
@@ -369,7 +411,7 @@ def dot_product_attention(
         logits = logits * query_scale
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)
-    weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)  # [B, H, Q, S]
+    weights = softmax(logits).astype(value.dtype)  # [B, H, Q, S]
     out = jnp.einsum("bhqs,bhsd->bhqd", weights, value).transpose(0, 2, 1, 3)
     return out[:, :1] if single else out
 
