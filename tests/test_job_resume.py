@@ -5,7 +5,9 @@ decoded twice, and the same outputs as an uninterrupted run (T=0).
 The job runs as a subprocess (``python -m pipelines.cli translate ...``) on the tiny
 T5 pair of tests/test_translate_job.py, a record per batch so that parts appear one
 by one. The kill point (after the k-th part, plus a delay) comes from a seed printed
-by the test; ``RESUME_TEST_SEED=N`` replays it.
+by the test; ``RESUME_TEST_SEED=N`` replays it. The killed job holds for good a few
+parts after k (``tests.held_job``), so the kill lands mid-run however fast the machine
+is: before the hold, the kill may still land in a decode or a part's write.
 """
 
 import json
@@ -71,11 +73,16 @@ def _parts(folder) -> list[str]:
     )
 
 
-def _start(args, workdir, name):
+def _start(args, workdir, name, *, hold_after_parts: int | None = None):
+    """The job as a subprocess; ``hold_after_parts``: it holds for good after writing
+    that many part files (``tests.held_job``)."""
     env = dict(os.environ, SPECDEC_COMPILE_CACHE=str(workdir / "jax_cache"))
     log = open(workdir / f"{name}.log", "wb")
+    entry = ["pipelines.cli"]
+    if hold_after_parts is not None:
+        entry = ["tests.held_job", str(hold_after_parts)]
     return subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cli", *args],
+        [sys.executable, "-m", *entry, *args],
         cwd=REPO,
         env=env,
         stdout=log,
@@ -89,12 +96,16 @@ def test_a_job_killed_at_a_random_point_resumes_without_loss_or_repeat(workdir, 
     seed = int(os.environ.get("RESUME_TEST_SEED") or random.randrange(2**31))
     rng = random.Random(seed)
     after_parts, delay = rng.randint(1, N // 6), rng.uniform(0.0, 0.02)
-    print(f"resume test: seed {seed}: kill after part {after_parts} + {delay:.3f} s")
+    hold = after_parts + rng.randint(0, 2)  # the job writes no more parts than this
+    print(
+        f"resume test: seed {seed}: kill after part {after_parts} + {delay:.3f} s "
+        f"(the job holds after part {hold})"
+    )
     output = workdir / "killed.jsonl"
     parts = part_files.parts_dir(str(output))
     args = _args(workdir, models, output)
 
-    job = _start(args, workdir, "killed")
+    job = _start(args, workdir, "killed", hold_after_parts=hold)
     deadline = time.monotonic() + 600
     while len(_parts(parts)) < after_parts:
         assert job.poll() is None, (workdir / "killed.log").read_text()[-3000:]
@@ -107,7 +118,7 @@ def test_a_job_killed_at_a_random_point_resumes_without_loss_or_repeat(workdir, 
 
     rows, dead = part_files.read_parts(parts)  # raises on a half-written part
     done = {r["id"]: r for r in rows}
-    assert dead == [] and after_parts <= len(done) < N
+    assert dead == [] and after_parts <= len(done) <= hold < N
     half = [n for n in os.listdir(parts) if n.endswith(part_files.TMP_SUFFIX)]  # ignored on resume
     print(f"resume test: {len(done)} of {N} records were done at the kill; {len(half)} .tmp")
 
