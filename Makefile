@@ -99,11 +99,13 @@ models-unpack: $(STAMP)
 PYTEST_WORKERS ?= 2
 XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --max-worker-restart 0)
 test: $(STAMP)
+	$(BIN)/python -m tests.machine
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q $(XDIST) --durations=15
 
 ## Everything but the tests marked slow.
 test-fast: $(STAMP)
+	$(BIN)/python -m tests.machine
 	$(BIN)/pytest -q $(XDIST) -m "not slow"
 
 lint: $(STAMP)
