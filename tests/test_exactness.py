@@ -3,13 +3,12 @@
 With a vocabulary of 6 and 3 new tokens there are 216 possible outputs. For each
 draft/target pair and sampling setting, ≥ 50,000 speculative samples (one request id
 each, all in one batch) are compared with the exact target sequence distribution,
-computed by enumeration from the target's table, by a G-test with cells of expected
+computed by enumeration from the target's table through ``tests.reference`` (numpy from
+the definitions, not the decoder's ``specdec_core.sampling``), by a G-test with cells of expected
 count < 5 pooled. A correct rule passes at p > 1e-3 (fixed seeds, so the outcome is
 reproducible); the negative control, a rule that resamples from p instead of
 norm(max(0, p − q)) at a rejection, must fail at p < 1e-6 on the same data sizes.
 """
-
-import itertools
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +19,7 @@ from scipy import stats
 from specdec_core import acceptance, decoding, sampling
 from specdec_core.models import table
 from specdec_core.sampling import SamplingConfig
+from tests import reference
 from tests.stub_models import bound, draft_tables, random_table
 
 VOCAB, NEW_TOKENS, SAMPLES = 6, 3, 50_000
@@ -29,13 +29,17 @@ DRAFTS = draft_tables(TARGET, seed=11)
 
 
 def exact_distribution(target: np.ndarray, config: SamplingConfig) -> dict[tuple, float]:
-    """P(sequence) for every continuation of PROMPT, from the uncached table."""
-    out = {}
-    for seq in itertools.product(range(VOCAB), repeat=NEW_TOKENS):
-        logits = table.sequence_logits(target, PROMPT, list(seq))
-        probs = np.asarray(sampling.probs_from_logits(jnp.asarray(logits), config))
-        out[seq] = float(np.prod(probs[np.arange(NEW_TOKENS), list(seq)]))
-    return out
+    """P(sequence) for every continuation of PROMPT with nonzero probability: the
+    uncached table's logits through ``tests.reference`` (numpy, from the definitions;
+    nothing of ``specdec_core.sampling``)."""
+    return reference.continuation_distribution(
+        lambda prefix: table.sequence_logits(target, PROMPT, [*prefix, 0])[-1],
+        VOCAB,
+        NEW_TOKENS,
+        temperature=config.temperature,
+        top_k=config.top_k,
+        top_p=config.top_p,
+    )
 
 
 def speculative_samples(
@@ -68,9 +72,10 @@ def speculative_samples(
 def g_test_pvalue(samples: np.ndarray, expected: dict[tuple, float]) -> float:
     """G-test of sample rows [N, T] against expected sequence probabilities."""
     index = {seq: i for i, seq in enumerate(expected)}
+    impossible = {tuple(row) for row in samples.tolist()} - index.keys()
+    assert not impossible, f"sampled sequences the target gives probability 0: {impossible}"
     observed = np.bincount([index[tuple(row)] for row in samples.tolist()], minlength=len(index))
     exp = np.array(list(expected.values())) * len(samples)
-    assert observed[exp == 0].sum() == 0, "sampled a sequence the target gives probability 0"
     small = exp < 5
     obs_cells = np.append(observed[~small], observed[small].sum())
     exp_cells = np.append(exp[~small], exp[small].sum())
