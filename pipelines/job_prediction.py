@@ -99,7 +99,8 @@ def prediction(rows: Sequence[dict], summary: dict[str, Any], costs) -> dict[str
     batches = len({row["batch"] for row in rows})
     return {
         "predicted_speedup": predicted,
-        "efficiency": summary["speedup"] / predicted if summary["speedup"] else None,
+        # the prediction models the timed batches: it is measured by the loops' timers
+        "efficiency": summary["speedup_loop"] / predicted if summary["speedup_loop"] else None,
         "baseline_at_limit": costs.target_s[1] / base_step_s if base_step_s > 0 else None,
         "draft_c_loop": draft_c_in_loop(rows, base_step_s, costs) if looped else None,
         "step_costs_ms": {

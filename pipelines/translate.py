@@ -221,7 +221,8 @@ def run_job(job: JobConfig) -> dict[str, Any]:
             compare_baseline=job.compare_baseline,
             quality_metric=job.kind.quality_metric,
         )
-        if job.compare_baseline and summary["speedup"] is not None:
+        summary |= job_report.path_speedup(rows, phases, set(done))
+        if job.compare_baseline and summary["speedup_loop"] is not None:
             probe_start = time.perf_counter()  # on the job's own engine, where it has one
             summary |= job_prediction.probe(job, rows, summary, job_engine(job_id))
             phases["cost_probe"] = time.perf_counter() - probe_start

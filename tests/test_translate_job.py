@@ -210,9 +210,16 @@ def test_greedy_job_writes_every_record_and_equals_the_baseline(run_job):
     assert summary["accepted_per_drafted"] <= summary["alpha"]
     assert 0.1 < summary["alpha"] < 0.9  # the noisy draft: often, not always, accepted
     assert summary["mean_accepted_length"] == pytest.approx((accepted + iterations) / iterations)
-    assert summary["speedup"] == pytest.approx(
+    assert summary["speedup_loop"] == pytest.approx(
         summary["tokens_per_s"] / summary["baseline_tokens_per_s"]
     )
+    # the headline: the whole decode paths, as the job's phases timed them
+    phases, tokens = summary["time_breakdown"], sum(r["tokens"] for r in job.rows.values())
+    assert summary["decode_path_s"] == phases["decode"] > 0
+    assert summary["baseline_path_s"] == phases["baseline"] > 0
+    assert summary["speedup"] == pytest.approx(phases["baseline"] / phases["decode"])  # T = 0
+    assert summary["decode_path_s"] >= summary["tokens"] / summary["tokens_per_s"]
+    assert tokens == summary["tokens"]
     assert summary["tokens_per_s"] > 0 and summary["baseline_tokens_per_s"] > 0
     assert 0.0 <= summary["bleu"] < 5.0  # random weights: (almost) no n-gram matches
     assert summary["rouge1"] is None and summary["bytes_per_iteration"] is None
@@ -220,7 +227,9 @@ def test_greedy_job_writes_every_record_and_equals_the_baseline(run_job):
     assert SUMMARY_KEYS <= set(summary)
     # the cost model's prediction, from the model calls timed after the run
     assert summary["predicted_speedup"] > 0 and summary["baseline_at_limit"] > 0
-    assert summary["efficiency"] == pytest.approx(summary["speedup"] / summary["predicted_speedup"])
+    assert summary["efficiency"] == pytest.approx(
+        summary["speedup_loop"] / summary["predicted_speedup"]
+    )
     assert set(summary["step_costs_ms"]["target"]) == {"1", "2", str(GAMMA + 1)}
     assert summary["step_costs_ms"]["measured_in"] == "in-process engine"
     assert summary["time_breakdown"]["cost_probe"] > 0
@@ -707,6 +716,18 @@ def test_the_probe_times_the_call_sizes_that_decoded_a_tenth_of_the_tokens():
         job_prediction.with_interpolated({1: 5.0}, [2])
 
 
+def test_the_headline_speedup_is_the_whole_decode_paths():
+    rows = [
+        {"id": "1", "tokens": 10, "baseline_tokens": 10},
+        {"id": "2", "tokens": 6, "baseline_tokens": 8},
+        {"id": "3", "tokens": 50, "baseline_tokens": 50},  # resumed: not in these phases
+    ]
+    got = job_report.path_speedup(rows, {"decode": 2.0, "baseline": 3.0}, {"3"})
+    assert got["speedup"] == pytest.approx((16 / 2.0) / (18 / 3.0))
+    assert (got["decode_path_s"], got["baseline_path_s"]) == (2.0, 3.0)
+    assert job_report.path_speedup(rows, {"decode": 2.0}, set())["speedup"] is None
+
+
 def test_summary_figures_from_rows():
     rows = [
         _row("1", "a", 100.0, 6, 2, 4, [2, 1, 1], 300.0, True),
@@ -721,7 +742,8 @@ def test_summary_figures_from_rows():
     assert summary["failed_by_reason"] == {"empty": 1}
     assert summary["tokens_per_s"] == pytest.approx(12 / 0.18)  # batches a (100 ms) + b (80 ms)
     assert summary["baseline_tokens_per_s"] == pytest.approx(12 / 0.4)
-    assert summary["speedup"] == pytest.approx((12 / 0.18) / (12 / 0.4))
+    assert summary["speedup_loop"] == pytest.approx((12 / 0.18) / (12 / 0.4))
+    assert summary["speedup"] is None  # from the job's phases: path_speedup
     # 7 accepted in 5 iterations, 1 of which accepted all 3: 7 + (5 - 1) rejections = 11 tests
     assert summary["alpha"] == pytest.approx(7 / 11)
     assert summary["accepted_per_drafted"] == pytest.approx(7 / 15)
