@@ -55,6 +55,7 @@ def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
         ("failed by reason", _fmt(summary["failed_by_reason"])),
         ("speedup (whole decode path)", _speedup_line(summary)),
         ("  the loops' timers alone", _fmt(summary.get("speedup_loop"))),
+        ("first batch of each shape (s)", _warmup_line(summary.get("time_breakdown") or {})),
         ("tokens/s speculative (loop)", _fmt(summary["tokens_per_s"])),
         ("tokens/s target alone (loop)", _fmt(summary["baseline_tokens_per_s"])),
         ("acceptance rate α (ML)", _fmt(summary["alpha"])),
@@ -107,13 +108,27 @@ def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _warmup_line(phases: dict) -> str:
+    """The untimed first decode of each new batch shape (compiling, mostly) of each
+    path, outside the speedup; says so when the speculative side's took longer."""
+    spec, base = phases.get("warmup"), phases.get("warmup_baseline")
+    if spec is None:
+        return "n/a (--no-warmup: inside the decode paths' time)"
+    line = f"speculative {spec:.3g}"
+    if base is not None:
+        line += f", target alone {base:.3g}"
+        if spec > base:
+            line += " (the speculative side compiled more)"
+    return line
+
+
 def _speedup_line(summary: dict) -> str:
     """The headline ratio and the two paths' wall times it comes from."""
     if summary.get("speedup") is None:
         return "n/a"
     return (
-        f"{_fmt(summary['speedup'])} (speculative {summary['decode_path_s']:.1f} s, "
-        f"target alone {summary['baseline_path_s']:.1f} s)"
+        f"{_fmt(summary['speedup'])} (speculative {summary['decode_path_s']:.3g} s, "
+        f"target alone {summary['baseline_path_s']:.3g} s)"
     )
 
 

@@ -95,6 +95,9 @@ SUMMARIZE = JobKind(
     default_draft=SUMMARY_DRAFT,
 )
 KINDS = {kind.name: kind for kind in (TRANSLATE, SUMMARIZE)}
+# the phases the engines time inside the pipeline (pipelines.inference): the warm-ups of
+# each new batch shape (speculative, target alone), then the two decode paths
+ENGINE_PHASES = ("engine_start", "warmup", "warmup_baseline", "decode", "baseline")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -202,8 +205,7 @@ def run_job(job: JobConfig) -> dict[str, Any]:
         phases |= engines.phases if engines else {}
         # the rest of the pipeline's wall time (0 where worker processes decoded in parallel)
         phases["beam_io"] = max(
-            in_pipeline
-            - sum(phases.get(k, 0.0) for k in ("engine_start", "warmup", "decode", "baseline")),
+            in_pipeline - sum(phases.get(k, 0.0) for k in ENGINE_PHASES),
             0.0,
         )
         report_start = time.perf_counter()
