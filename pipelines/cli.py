@@ -66,14 +66,14 @@ EXIT_CODES = {
 
 
 def _gamma(text: str) -> int | str:
-    """``--gamma``: ``auto`` or an integer >= 1."""
+    """``--gamma``: ``auto`` or an integer >= 0 (0: the target alone)."""
     if text == "auto":
         return text
     try:
         int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--gamma must be auto or int, got {text!r}") from None
-    return _ranged(int, "--gamma", low=1)(text)
+    return _ranged(int, "--gamma", low=0)(text)
 
 
 def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
@@ -95,7 +95,8 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
         default="auto",
         help="drafted tokens per iteration, or auto: chosen per batch in 0..--gamma-max "
         "(0 = the target alone) from what the job measures, acceptance by position and "
-        f"the calls' times (default auto; the best fixed γ measured is {DEFAULT_GAMMA})",
+        f"the calls' times (default auto; the best fixed γ measured is {DEFAULT_GAMMA}); "
+        "0: the same job without speculation, through the same engine and workers",
     )
     add(
         "--gamma-max",

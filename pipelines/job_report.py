@@ -219,7 +219,7 @@ def job_params(job: JobConfig) -> dict[str, Any]:
         "draft_placement": engine.draft_placement if engine.kind == "ray" else None,
         "transport": engine.transport if engine.kind == "ray" else None,
         "pipelined": engine.pipelined if engine.kind == "ray" else None,
-        "gamma": "auto" if engine.adaptive else job.settings.gamma,
+        "gamma": "auto" if engine.adaptive else engine.gamma,
         "gamma_max": job.settings.gamma if engine.adaptive else None,
         "temperature": sampling.temperature,
         "top_k": sampling.top_k,
@@ -381,7 +381,8 @@ def log_results(summary: dict, rows: Sequence[dict], traffic: dict | None, saved
 def run_name(job: JobConfig) -> str:
     """The MLflow run name of a job."""
     models = f"{job.target.spec.name}-{job.draft.spec.name}"
-    return f"{job.kind.name}-{models}-g{job.settings.gamma}"
+    gamma = "auto" if job.engine.adaptive else job.engine.gamma
+    return f"{job.kind.name}-{models}-g{gamma}"
 
 
 def saved_run(job: JobConfig) -> dict[str, Any]:

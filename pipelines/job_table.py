@@ -44,7 +44,7 @@ def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
         ("models", f"target {job.target.spec.name}, draft {job.draft.spec.name}"),
         (
             "decoding",
-            f"γ={f'auto (0..{job.settings.gamma})' if job.engine.adaptive else job.settings.gamma}"
+            f"γ={f'auto (0..{job.settings.gamma})' if job.engine.adaptive else job.engine.gamma}"
             f" T={sampling.temperature} top-k={sampling.top_k} "
             f"top-p={sampling.top_p} batch={job.settings.batch_size} workers={job.engine.kind}",
         ),

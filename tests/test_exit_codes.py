@@ -116,7 +116,7 @@ def test_missing_checkpoint_and_bad_config_exit_2(workdir, models, capsys):
     args[args.index("--target") + 1] = str(bad)
     _cannot_start(capsys, args, f"{bad}: unknown key model.emb_dimension")
     args, _ = _args(workdir, models, workdir / "good.tsv", "flag")
-    _cannot_start(capsys, [*args, "--gamma", "0"], "--gamma must be >= 1, got 0")
+    _cannot_start(capsys, [*args, "--gamma", "-1"], "--gamma must be >= 0, got -1")
 
 
 def test_a_pipeline_failure_exits_1_and_keeps_the_finished_records(

@@ -163,3 +163,24 @@ def test_without_quiet_the_job_prints_its_progress(workdir, models, capsys):
 
     assert re.search(r"decoded 8/8 records \(\d+ s\)", printed("loud.jsonl"))
     assert "decoded" not in printed("quiet.jsonl", "--quiet")
+
+
+@pytest.mark.parametrize("workers", ["inprocess", pytest.param("ray", marks=pytest.mark.slow)])
+def test_gamma_zero_runs_the_same_job_without_speculation(request, job, workers):
+    if workers == "ray":
+        request.getfixturevalue("ray_local")
+    run = job("--gamma", "0", "--compare-baseline", temperature=0.0, workers=workers)
+    assert run.code == 0 and run.summary["identical_to_baseline"] is True
+    assert run.summary["gamma_histogram"] == {"0": len({r["batch"] for r in run.rows.values()})}
+    assert all(r["drafted"] == 0 and r["accepted_by_position"] == [] for r in run.rows.values())
+    assert run.summary["alpha"] is None and run.summary["speedup"] > 0
+    assert _tokens(run) == _tokens(job(temperature=0.0))  # the speculative job's tokens
+    assert _mlflow_params(run)["gamma"] == "0"
+
+
+def test_gamma_below_zero_and_gamma_zero_with_pipelined_are_refused(job, capsys):
+    assert job("--gamma", "-1").code == cli.EXIT_CANNOT_START
+    assert "--gamma must be >= 0" in capsys.readouterr().err
+    refused = job("--gamma", "0", "--pipelined", workers="ray")
+    assert refused.code == cli.EXIT_CANNOT_START
+    assert "--pipelined needs a draft to propose" in capsys.readouterr().err

@@ -534,7 +534,7 @@ def test_vocabulary_mismatch_is_named(workdir, capsys):
 @pytest.mark.parametrize(
     ("flag", "value", "message"),
     [
-        ("--gamma", "0", "argument --gamma: --gamma must be >= 1, got 0"),
+        ("--gamma", "-1", "argument --gamma: --gamma must be >= 0, got -1"),
         ("--top-p", "1.5", "argument --top-p: --top-p must be <= 1.0, got 1.5"),
         ("--temperature", "hot", "argument --temperature: --temperature must be float, got 'hot'"),
         ("--workers", "gpu", "argument --workers: invalid choice: 'gpu'"),

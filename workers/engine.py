@@ -57,7 +57,7 @@ class EngineConfig:
     draft_placement: str = DEFAULT_DRAFT_PLACEMENT  # --draft-placement: DRAFT_PLACEMENTS
     transport: str = DEFAULT_TRANSPORT  # --transport: TRANSPORTS
     ray_address: str | None = None  # --ray-address: join this cluster; None: a local one
-    gamma: int | str = AUTO  # --gamma: an integer >= 1 or "auto"
+    gamma: int | str = AUTO  # --gamma: an integer >= 0 (0: the target alone) or "auto"
     gamma_max: int | None = None  # --gamma-max: the largest γ "auto" tries
     pipelined: bool = False  # --pipelined: the draft proposes ahead (placement coordinator/worker)
 
@@ -77,10 +77,12 @@ class EngineConfig:
                 object.__setattr__(self, "gamma_max", DEFAULT_GAMMA_MAX)
             elif not _is_int(self.gamma_max) or self.gamma_max < 1:
                 raise ValueError(f"--gamma-max must be >= 1, got {self.gamma_max!r}")
-        elif not _is_int(self.gamma) or self.gamma < 1:
-            raise ValueError(f"--gamma must be an integer >= 1 or 'auto', got {self.gamma!r}")
+        elif not _is_int(self.gamma) or self.gamma < 0:
+            raise ValueError(f"--gamma must be an integer >= 0 or 'auto', got {self.gamma!r}")
         elif self.gamma_max is not None:
             raise ValueError("--gamma-max is for --gamma auto only")
+        if self.gamma == 0 and self.pipelined:
+            raise ValueError("--pipelined needs a draft to propose: --gamma auto or >= 1, not 0")
 
     @property
     def adaptive(self) -> bool:
@@ -88,9 +90,15 @@ class EngineConfig:
         return self.gamma == AUTO
 
     @property
+    def target_alone(self) -> bool:
+        """Every batch by the target alone (``--gamma 0``)."""
+        return self.gamma == 0
+
+    @property
     def max_gamma(self) -> int:
-        """The γ the job's DecodeSettings carry: the fixed γ, or the largest ``auto`` tries."""
-        return self.gamma_max if self.adaptive else self.gamma
+        """The γ the job's DecodeSettings carry: the fixed γ, or the largest ``auto`` tries
+        (1 for ``--gamma 0``, whose batches never draft: the settings' γ sizes caches)."""
+        return self.gamma_max if self.adaptive else max(self.gamma, 1)
 
 
 def _is_int(value) -> bool:
@@ -115,6 +123,10 @@ def build_engine(
         from workers.gamma import AdaptiveGamma
 
         policy = AdaptiveGamma(settings.gamma, prior=draft.gamma_prior, warm_up=warm_up)
+    elif config.target_alone:
+        from workers.gamma import TargetAlone
+
+        policy = TargetAlone()
     if config.kind == "ray":
         from workers.ray_engine import RayEngine
 
