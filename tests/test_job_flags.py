@@ -11,6 +11,8 @@ is the Ray engine's), each with an assertion that a wrong implementation fails:
 - ``--vocab PATH``: the job encodes with that SentencePiece model and records it; one
   whose size is not the models' is refused before any work;
 - ``--no-warmup``: no untimed first batch, the same outputs;
+- ``--limit N``: the first N records only;
+- ``--gamma 0``: the same job without speculation, through the same engine;
 - without ``--quiet``: the progress lines.
 """
 
@@ -184,3 +186,12 @@ def test_gamma_below_zero_and_gamma_zero_with_pipelined_are_refused(job, capsys)
     refused = job("--gamma", "0", "--pipelined", workers="ray")
     assert refused.code == cli.EXIT_CANNOT_START
     assert "--pipelined needs a draft to propose" in capsys.readouterr().err
+
+
+def test_limit_reads_only_the_first_records(job):
+    run = job("--limit", "3", temperature=0.0)
+    assert run.code == 0 and sorted(run.rows, key=int) == ["1", "2", "3"]
+    assert run.summary["records_in"] == 3
+    assert _tokens(run) == {
+        k: v for k, v in _tokens(job(temperature=0.0)).items() if k in {"1", "2", "3"}
+    }
