@@ -48,6 +48,9 @@ from workers.spec import (
 )
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+# --sampling: specdec_core.sampling.RULES, named here so that parsing the flags imports
+# no JAX (tests/test_invariant_sampling.py checks that the two agree)
+SAMPLING_RULES = ("paper", "invariant")
 
 # Exit statuses of the job commands (translate, summarize).
 EXIT_OK = 0  # every record came out
@@ -107,6 +110,15 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
     add("--temperature", type=_ranged(float, "--temperature", low=0.0), default=0.0)
     add("--top-k", type=_ranged(int, "--top-k", low=0), default=0, help="0 = off")
     add("--top-p", type=_ranged(float, "--top-p", low=0.0, high=1.0, low_open=True), default=1.0)
+    add(
+        "--sampling",
+        choices=SAMPLING_RULES,
+        default="paper",
+        help="paper: the paper's accept/reject rule (the most drafts accepted; a seed fixes "
+        "the outputs for a given γ path); invariant: every token is the target's own seeded "
+        "sample at its position, so outputs equal the target alone's at any temperature, "
+        "whatever the draft, γ, batch or placement (fewer drafts accepted)",
+    )
     add("--seed", type=int, default=0, help="job seed (with the record id it fixes every draw)")
     add("--batch-size", type=_ranged(int, "--batch-size", low=1), default=1)
     add("--workers", choices=ENGINE_KINDS, default="ray")
@@ -189,6 +201,7 @@ def _job(kind_name: str, args: argparse.Namespace) -> int:
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
+        sampling_rule=args.sampling,
         seed=args.seed,
         batch_size=args.batch_size,
         max_new_tokens=args.max_new_tokens,

@@ -180,7 +180,7 @@ def compute_summary(
             summary["speedup_loop"] = summary["tokens_per_s"] / base_tps
         if len(gammas) == 1 and min(gammas) > 0:  # one γ for every batch
             summary["c_estimate"] = cost_coefficient(rows, min(gammas))
-        if settings.sampling.greedy:
+        if settings.sampling.greedy or settings.sampling.invariant:  # the same tokens promised
             summary["identical_to_baseline"] = all(row["matches_baseline"] for row in rows)
     summary |= quality(rows, quality_metric)
     return summary
@@ -224,6 +224,7 @@ def job_params(job: JobConfig) -> dict[str, Any]:
         "temperature": sampling.temperature,
         "top_k": sampling.top_k,
         "top_p": sampling.top_p,
+        "sampling_rule": sampling.rule,
         "seed": job.settings.seed,
         "batch_size": job.settings.batch_size,
         "max_new_tokens": job.settings.max_new_tokens,

@@ -46,7 +46,8 @@ def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
             "decoding",
             f"γ={f'auto (0..{job.settings.gamma})' if job.engine.adaptive else job.engine.gamma}"
             f" T={sampling.temperature} top-k={sampling.top_k} "
-            f"top-p={sampling.top_p} batch={job.settings.batch_size} workers={job.engine.kind}",
+            f"top-p={sampling.top_p} sampling={sampling.rule} batch={job.settings.batch_size} "
+            f"workers={job.engine.kind}",
         ),
         (
             "records in / out / failed",
@@ -90,7 +91,7 @@ def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
             ("ROUGE-1/2/L", " / ".join(_fmt(summary[k]) for k in ("rouge1", "rouge2", "rougeL")))
         )
     rows += [
-        ("identical to baseline (T=0)", _fmt(summary["identical_to_baseline"])),
+        ("identical to the target alone", _fmt(summary["identical_to_baseline"])),
         ("outputs", summary["output"]),
         ("dead letters", summary["dead_letter"]),
         *([("resumed records", str(n))] if (n := summary.get("records_resumed")) else []),

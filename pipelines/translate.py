@@ -406,6 +406,7 @@ def make_job(
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
+    sampling_rule: str = "paper",
     seed: int = 0,
     batch_size: int = 1,
     max_new_tokens: int | None = None,
@@ -447,7 +448,9 @@ def make_job(
     check_models(engine, target=resolved["target"].spec, draft=resolved["draft"].spec)
     settings = DecodeSettings(
         gamma=engine.max_gamma,
-        sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p),
+        sampling=SamplingConfig(
+            temperature=temperature, top_k=top_k, top_p=top_p, rule=sampling_rule
+        ),
         seed=seed,
         max_new_tokens=max_new_tokens or kind.max_new_tokens,
         batch_size=batch_size,

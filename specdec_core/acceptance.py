@@ -162,3 +162,45 @@ def accept(
     )
     next_token = draft_half(draft_probs, n_accepted, target_at_n, uniforms)
     return Verdict(n_accepted=n_accepted, next_token=next_token)
+
+
+# ------------------------------------------------------ the drafter-invariant rule
+#
+# With ``SamplingConfig.rule == "invariant"`` the token at output position t is the
+# Gumbel-max sample argmax(log p_t + g_t), g_t standard Gumbel noise keyed by (seed,
+# request, t), and the draft proposes argmax(log q_t + g_t) with the same g_t. A draft is
+# accepted iff it equals the target's token, and the iteration's next token is the
+# target's token at the first mismatch (or after the last draft). Every committed token
+# is then the target's own seeded sample at its position, so the output is the target
+# alone's whatever the draft, γ, batch or placement (Daliri, Musco, Suresh 2024,
+# "Coupling without communication and drafter-invariant speculative decoding"); a draft
+# is accepted with probability at least (1 − TV)/(1 + TV), against 1 − TV for the rule
+# above.
+
+
+@jax.jit
+def invariant_target_half(
+    draft_tokens: jax.Array, target_probs: jax.Array, noise: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """The target's half of the invariant rule, in :func:`target_half`'s terms.
+
+    draft_tokens: [B, γ] int32; target_probs: [B, γ+1, V]; noise: [B, γ+1, V] the
+    Gumbel noise of the γ+1 positions. Returns (n_accepted [B], p_{n+1} [B, V]) where
+    p_{n+1} is one-hot at the target's token there: :func:`draft_half` then draws that
+    token (the residual one-hot minus q has mass only there, since the draft proposed
+    another token where it had one).
+    """
+    batch, gamma = draft_tokens.shape
+    tokens = sampling.gumbel_argmax(target_probs, noise)  # [B, γ+1]
+    same = (draft_tokens == tokens[:, :gamma]).astype(jnp.int32)
+    n_accepted = jnp.sum(jnp.cumprod(same, axis=1), axis=1).astype(jnp.int32)
+    chosen = tokens[jnp.arange(batch), n_accepted]
+    return n_accepted, jax.nn.one_hot(chosen, target_probs.shape[-1], dtype=target_probs.dtype)
+
+
+@jax.jit
+def accept_invariant(draft_tokens: jax.Array, target_probs: jax.Array, noise: jax.Array) -> Verdict:
+    """The invariant rule over a batch of γ-token proposals (inputs as
+    :func:`invariant_target_half`): Verdict(n_accepted, the target's token at n+1)."""
+    n_accepted, target_at_n = invariant_target_half(draft_tokens, target_probs, noise)
+    return Verdict(n_accepted=n_accepted, next_token=jnp.argmax(target_at_n, -1).astype(jnp.int32))

@@ -112,6 +112,24 @@ def _step_keys(state: DecodeState) -> jax.Array:
     return jax.vmap(jax.random.fold_in)(keys, state.n_generated)
 
 
+_POSITION_NOISE = 2  # folded into a row's key first: the invariant rule's own stream
+
+
+def position_noise(state: DecodeState, offset: int, vocab: int) -> jax.Array:
+    """Standard Gumbel noise [B, V] of each row's output position ``n_generated +
+    offset``, from (seed, request, position) only: the invariant rule's draw there
+    (``SamplingConfig.rule == "invariant"``), the same in every loop and at every γ."""
+    keys = jax.random.wrap_key_data(state.row_keys)
+    keys = jax.vmap(lambda k: jax.random.fold_in(k, _POSITION_NOISE))(keys)
+    keys = jax.vmap(jax.random.fold_in)(keys, state.n_generated + offset)
+    return jax.vmap(lambda k: jax.random.gumbel(k, (vocab,), jnp.float32))(keys)
+
+
+def block_noise(state: DecodeState, width: int, vocab: int) -> jax.Array:
+    """:func:`position_noise` of ``width`` positions from the next one: [B, width, V]."""
+    return jnp.stack([position_noise(state, i, vocab) for i in range(width)], axis=1)
+
+
 def init_state(
     prompt_tokens, prompt_lengths, request_ids, *, seed, max_new_tokens, gamma
 ) -> DecodeState:
@@ -340,7 +358,10 @@ def _autoregressive(forward: Forward, config: sampling.SamplingConfig, eos_id: i
         state, cache = carry
         logits, cache = forward(cache, state.pending[:, None])
         probs = sampling.probs_from_logits(logits[:, 0], config)
-        token = sampling.draw_rows(_step_keys(state), probs, config)
+        if config.invariant:
+            token = sampling.gumbel_argmax(probs, position_noise(state, 0, probs.shape[-1]))
+        else:
+            token = sampling.draw_rows(_step_keys(state), probs, config)
         was_active = ~state.done
         new_state, _ = _commit_block(state, token[:, None], jnp.ones_like(token), eos_id)
         # Rows that were already done do not advance their cache.
@@ -418,22 +439,31 @@ def _propose(draft: Forward, gamma: int, config: sampling.SamplingConfig, first:
         else:
             cache = rollback(cache, jnp.maximum(state.seq_lengths - 2, 0))
             feed = jnp.stack([state.previous, state.pending], 1)
-        draft_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(_step_keys(state))
-        uniforms = acceptance.row_uniforms(draft_keys, feed.shape[0], gamma)  # [B, γ]
         logits, cache = draft(cache, feed)
         probs = sampling.probs_from_logits(logits[:, -1], config)
-        token = sampling.draw(uniforms[:, 0], probs, config)
+        if config.invariant:  # the target's noise at each drafted position
+            draws = jnp.swapaxes(block_noise(state, gamma, probs.shape[-1]), 0, 1)  # [γ, B, V]
 
-        def step(carry, u):
+            def draw(noise, probs):
+                return sampling.gumbel_argmax(probs, noise)
+        else:
+            draft_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(_step_keys(state))
+            uniforms = acceptance.row_uniforms(draft_keys, feed.shape[0], gamma)  # [B, γ]
+            draws = jnp.swapaxes(uniforms, 0, 1)  # [γ, B]
+
+            def draw(u, probs):
+                return sampling.draw(u, probs, config)
+
+        token = draw(draws[0], probs)
+
+        def step(carry, d):
             cache, token = carry
             logits, cache = draft(cache, token[:, None])
             probs = sampling.probs_from_logits(logits[:, 0], config)
-            next_token = sampling.draw(u, probs, config)
+            next_token = draw(d, probs)
             return (cache, next_token), (next_token, probs)
 
-        (cache, _), (tokens, probs_rest) = jax.lax.scan(
-            step, (cache, token), jnp.swapaxes(uniforms[:, 1:], 0, 1)
-        )
+        (cache, _), (tokens, probs_rest) = jax.lax.scan(step, (cache, token), draws[1:])
         draft_tokens = jnp.concatenate([token[:, None], jnp.swapaxes(tokens, 0, 1)], 1)
         draft_probs = jnp.concatenate([probs[:, None], jnp.swapaxes(probs_rest, 0, 1)], 1)
         return draft_tokens, draft_probs, cache
@@ -468,8 +498,15 @@ def verify_uniforms(state: DecodeState, gamma: int) -> jax.Array:
     return acceptance.row_uniforms(_verify_keys(state), state.done.shape[0], gamma + 1)
 
 
-def verify(state: DecodeState, draft_tokens, draft_probs, target_probs) -> acceptance.Verdict:
-    """Algorithm 1 (:func:`acceptance.accept`) with each row's own randomness."""
+def verify(
+    state: DecodeState, draft_tokens, draft_probs, target_probs, config: sampling.SamplingConfig
+) -> acceptance.Verdict:
+    """Algorithm 1 (:func:`acceptance.accept`) with each row's own randomness, or under
+    ``config``'s invariant rule :func:`acceptance.accept_invariant` with the positions'
+    noise."""
+    if config.invariant:
+        noise = block_noise(state, draft_tokens.shape[1] + 1, target_probs.shape[-1])
+        return acceptance.accept_invariant(draft_tokens, target_probs, noise)
     return acceptance.accept(draft_tokens, draft_probs, target_probs, _verify_keys(state))
 
 
@@ -512,6 +549,12 @@ def score_and_count(target: Forward, config: sampling.SamplingConfig):
 
     def step(cache, state: DecodeState, draft_tokens, draft_token_probs):
         target_probs, cache = score(cache, state, draft_tokens)  # [B, γ+1, V]
+        if config.invariant:
+            noise = block_noise(state, draft_tokens.shape[1] + 1, target_probs.shape[-1])
+            n_accepted, target_at_n = acceptance.invariant_target_half(
+                draft_tokens, target_probs, noise
+            )
+            return n_accepted, target_at_n, cache
         uniforms = verify_uniforms(state, draft_tokens.shape[1])
         n_accepted, target_at_n = acceptance.target_half(
             draft_tokens, draft_token_probs, target_probs, uniforms
@@ -632,15 +675,15 @@ def propose_missed(draft: Forward, gamma: int, config: sampling.SamplingConfig):
     return step
 
 
-def _verify_commit(state: DecodeState, draft_tokens, draft_probs, target_probs, eos_id):
-    verdict = verify(state, draft_tokens, draft_probs, target_probs)
+def _verify_commit(state: DecodeState, draft_tokens, draft_probs, target_probs, eos_id, config):
+    verdict = verify(state, draft_tokens, draft_probs, target_probs, config)
     new_state = commit(state, draft_tokens, verdict, eos_id)
     return new_state, jnp.all(new_state.done)
 
 
 @functools.lru_cache(maxsize=COMPILED_CACHE_SIZE)
-def _verify_commit_fn(eos_id: int | None):
-    return jax.jit(functools.partial(_verify_commit, eos_id=eos_id))
+def _verify_commit_fn(eos_id: int | None, config: sampling.SamplingConfig):
+    return jax.jit(functools.partial(_verify_commit, eos_id=eos_id, config=config))
 
 
 @program_cache
@@ -662,7 +705,7 @@ def _compiled_loop(target: Forward, draft: Forward, *, gamma, config, eos_id):
     def iteration(propose_step, state, target_cache, draft_cache):
         draft_tokens, draft_probs, draft_cache = propose_step(draft_cache, state)
         target_probs, target_cache = score(target_cache, state, draft_tokens)
-        state, _ = _verify_commit(state, draft_tokens, draft_probs, target_probs, eos_id)
+        state, _ = _verify_commit(state, draft_tokens, draft_probs, target_probs, eos_id, config)
         return state, target_cache, draft_cache
 
     def run(state, target_cache, draft_cache):
@@ -738,7 +781,7 @@ def speculative_generate(
             loop_s=end - loop_start,
         )
     score = score_fn(target, sampling_config)
-    verify_commit = _verify_commit_fn(eos_id)
+    verify_commit = _verify_commit_fn(eos_id, sampling_config)
     all_done, first = bool(jnp.all(state.done)), True
     while not all_done:
         t0 = time.perf_counter()

@@ -14,6 +14,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+RULES = ("paper", "invariant")  # SamplingConfig.rule
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SamplingConfig:
@@ -22,8 +24,16 @@ class SamplingConfig:
     temperature: float = 1.0  # 0 = greedy (one-hot argmax, ties to the lowest id)
     top_k: int = 0  # keep the k most likely tokens; 0 = off
     top_p: float = 1.0  # keep the smallest set whose mass reaches top_p; 1.0 = off
+    # "paper": Leviathan et al.'s accept/reject rule (acceptance.accept), the most
+    # accepted drafts; "invariant": every token is the Gumbel-max sample argmax(log p + g)
+    # with g keyed by (seed, request, position), and a draft is accepted iff it is that
+    # token (acceptance.accept_invariant), so outputs are the target alone's whatever
+    # the draft, γ, batch or placement
+    rule: str = "paper"
 
     def __post_init__(self):
+        if self.rule not in RULES:
+            raise ValueError(f"the sampling rule must be one of {RULES}, got {self.rule!r}")
         if not self.temperature >= 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
@@ -34,6 +44,11 @@ class SamplingConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def invariant(self) -> bool:
+        """Tokens are Gumbel-max samples keyed by position (``rule="invariant"``)."""
+        return self.rule == "invariant"
 
 
 GREEDY = SamplingConfig(temperature=0.0)
@@ -117,3 +132,12 @@ def draw_rows(keys: jax.Array, probs: jax.Array, config: SamplingConfig) -> jax.
     if config.greedy:
         return jnp.argmax(probs, axis=-1).astype(jnp.int32)
     return sample_rows(keys, probs)
+
+
+def gumbel_argmax(probs: jax.Array, noise: jax.Array) -> jax.Array:
+    """argmax(log p + g): probs [..., V], noise [..., V] -> int32 tokens [...].
+
+    With g standard Gumbel noise the token is a sample from p (the Gumbel-max trick); a
+    token of zero mass never wins, and a one-hot p (T=0) gives its token whatever g."""
+    log_probs = jnp.where(probs > 0, jnp.log(jnp.maximum(probs, 1e-38)), -jnp.inf)
+    return jnp.argmax(log_probs + noise, axis=-1).astype(jnp.int32)

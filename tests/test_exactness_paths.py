@@ -33,7 +33,11 @@ job runs, and the in-process rule):
 - leave the target's p unfiltered while the draft's q is filtered (top-k). The reverse,
   p filtered and q not, is exact: any q is a valid proposal when the test uses it;
 - take the bonus token from p_γ instead of p_{γ+1};
-- score with a stale target cache after a rejection (no rollback).
+- score with a stale target cache after a rejection (no rollback);
+- under the drafter-invariant rule, one Gumbel noise for every position of a row.
+
+Both rules are driven on every path: the paper's and the drafter-invariant one
+(``SamplingConfig(rule="invariant")``).
 """
 
 from __future__ import annotations
@@ -66,6 +70,10 @@ SETTINGS = {
     "T=0.7 top-k 3": SamplingConfig(temperature=0.7, top_k=3),
     "T=1 top-p 0.8": SamplingConfig(temperature=1.0, top_p=0.8),
     "T=0.7 top-k 4 top-p 0.7": SamplingConfig(temperature=0.7, top_k=4, top_p=0.7),
+    "invariant T=1": SamplingConfig(temperature=1.0, rule="invariant"),
+    "invariant T=0.7 top-k 4 top-p 0.7": SamplingConfig(
+        temperature=0.7, top_k=4, top_p=0.7, rule="invariant"
+    ),
 }
 PATHS = {"compiled": 4, "host": 2, "split": 3, "pipelined": 2}  # path: γ
 
@@ -75,7 +83,8 @@ PATHS = {"compiled": 4, "host": 2, "split": 3, "pipelined": 2}  # path: γ
 
 @functools.cache
 def expected(config: SamplingConfig) -> tuple[dict[tuple, float], ...]:
-    """P(continuation) per prompt, from the uncached table through ``tests.reference``."""
+    """P(continuation) per prompt, from the uncached table through ``tests.reference``
+    (the same for either rule: each must sample the target's distribution)."""
     return tuple(
         reference.continuation_distribution(
             lambda prefix, prompt=prompt: table.sequence_logits(TARGET, prompt, [*prefix, 0])[-1],
@@ -339,6 +348,28 @@ def test_each_negative_control_fails_on_the_split_path(name, patched_rule):
     samples = decode("split", DRAFTS[draft], config, 3, seed=202, **wrong)
     pvalue, _ = g_test(samples, expected(config))
     assert pvalue < CONTROL_P, f"{name} went undetected on the split path (p={pvalue:.2e})"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ["compiled", "split"])
+def test_the_invariant_rules_negative_control_fails(path, monkeypatch):
+    """One noise for every position (the noise of a row's first position, reused): each
+    token is still a Gumbel-max sample from its p, but the tokens of a row are coupled."""
+    noise = decoding.position_noise
+
+    def first_position_only(state, offset, vocab):
+        return noise(state.replace(n_generated=state.n_generated * 0), 0, vocab)
+
+    monkeypatch.setattr(decoding, "position_noise", first_position_only)
+    decoding.clear_compiled()
+    try:
+        config = SETTINGS["invariant T=1"]
+        samples = decode(path, DRAFTS["independent"], config, 3, seed=202)
+    finally:
+        monkeypatch.undo()
+        decoding.clear_compiled()
+    pvalue, _ = g_test(samples, expected(config))
+    assert pvalue < CONTROL_P, f"one noise for all positions went undetected (p={pvalue:.2e})"
 
 
 @pytest.mark.slow

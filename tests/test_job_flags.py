@@ -195,3 +195,30 @@ def test_limit_reads_only_the_first_records(job):
     assert _tokens(run) == {
         k: v for k, v in _tokens(job(temperature=0.0)).items() if k in {"1", "2", "3"}
     }
+
+
+@pytest.mark.parametrize(
+    "temperature, flags", [(1.0, ()), (0.7, ("--top-k", "50", "--top-p", "0.9"))]
+)
+def test_sampling_invariant_outputs_are_the_target_alones_for_any_draft(
+    job, models, temperature, flags
+):
+    runs = [
+        job(
+            "--sampling", "invariant", "--compare-baseline", *flags, *draft, temperature=temperature
+        )
+        for draft in ((), ("--draft", str(models["target"])))  # the noisy draft, the target
+    ]
+    for run in runs:
+        assert run.code == 0 and run.summary["identical_to_baseline"] is True
+        assert all(row["matches_baseline"] for row in run.rows.values())
+    assert _tokens(runs[0]) == _tokens(runs[1])
+    assert _mlflow_params(runs[0])["sampling_rule"] == "invariant"
+    # the paper's rule samples other tokens from the same seed
+    assert _tokens(job(*flags, temperature=temperature)) != _tokens(runs[0])
+
+
+@pytest.mark.slow
+def test_sampling_invariant_through_ray_gives_the_inprocess_tokens(ray_local, job):
+    flags = ("--sampling", "invariant", "--gamma", "2")
+    assert _tokens(job(*flags, workers="ray")) == _tokens(job(*flags))
