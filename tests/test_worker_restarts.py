@@ -316,23 +316,26 @@ def job_dir(tmp_path_factory):
     return root
 
 
-def _job(root, name: str, workers: str):
+def _job(root, name: str, workers: str, *extra: str):
     from pipelines.cli import main
     from tests.test_translate_job import JobRun, job_args
 
     output = root / f"{name}.jsonl"
-    args = job_args(
-        root / "sentences.tsv",
-        output,
-        models={"target": root / "tiny_target.yaml", "draft": root / "tiny_draft.yaml"},
-        workers=workers,
-        temperature=1.0,
-        tracking_uri=f"sqlite:///{root}/mlflow.db",
-    )
+    args = [
+        *job_args(
+            root / "sentences.tsv",
+            output,
+            models={"target": root / "tiny_target.yaml", "draft": root / "tiny_draft.yaml"},
+            workers=workers,
+            temperature=1.0,
+            tracking_uri=f"sqlite:///{root}/mlflow.db",
+        ),
+        *extra,
+    ]
     return JobRun(main(args), output, output.with_suffix(".jsonl.summary.json"))
 
 
-def _job_with_a_killed_target(monkeypatch, root, name, **engine_options):
+def _job_with_a_killed_target(monkeypatch, root, name, *extra: str, **engine_options):
     """The ray translate job at T=1 whose target worker SIGKILLs itself at its 5th wire
     call (in the first batches: the warm-up or the first timed one)."""
     import ray
@@ -345,7 +348,7 @@ def _job_with_a_killed_target(monkeypatch, root, name, **engine_options):
             ray.get(self.target.kill_after.remote(5))
 
     monkeypatch.setattr(ray_engine, "RayEngine", KilledTarget)
-    return _job(root, name, "ray")
+    return _job(root, name, "ray", *extra)
 
 
 @pytest.mark.slow
@@ -360,6 +363,24 @@ def test_a_job_whose_target_is_killed_writes_every_record_identical(
         assert job.rows[record_id]["output_ids"] == row["output_ids"], record_id
     assert job.summary["worker_restarts"]["target"] >= 1
     assert expected.summary["worker_restarts"] is None  # no Ray workers
+
+
+@pytest.mark.slow
+def test_under_the_invariant_rule_a_killed_target_changes_no_sampled_token(
+    ray_local, monkeypatch, job_dir
+):
+    """--sampling invariant: a Ray job at --gamma auto whose target dies and restarts
+    mid-job writes the tokens of an in-process job at a fixed γ (another engine, another
+    γ path, no restart): each token is the target's own seeded sample at its position."""
+    invariant = ("--sampling", "invariant")
+    expected = _job(job_dir, "invariant_fixed", "inprocess", *invariant, "--gamma", "2")
+    job = _job_with_a_killed_target(
+        monkeypatch, job_dir, "invariant_killed", *invariant, "--gamma", "auto"
+    )
+    assert job.code == 0 and job.dead == [] and len(job.rows) == 20
+    assert job.summary["worker_restarts"]["target"] >= 1
+    for record_id, row in expected.rows.items():
+        assert job.rows[record_id]["output_ids"] == row["output_ids"], record_id
 
 
 @pytest.mark.slow
