@@ -178,6 +178,18 @@ def accept(
 # above.
 
 
+def _invariant_verdict(
+    draft_tokens: jax.Array, target_probs: jax.Array, noise: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """(n_accepted [B], the target's token at position n+1 [B]) under the invariant rule
+    (inputs as :func:`invariant_target_half`)."""
+    batch, gamma = draft_tokens.shape
+    tokens = sampling.gumbel_argmax(target_probs, noise)  # [B, γ+1]
+    same = (draft_tokens == tokens[:, :gamma]).astype(jnp.int32)
+    n_accepted = jnp.sum(jnp.cumprod(same, axis=1), axis=1).astype(jnp.int32)
+    return n_accepted, tokens[jnp.arange(batch), n_accepted]
+
+
 @jax.jit
 def invariant_target_half(
     draft_tokens: jax.Array, target_probs: jax.Array, noise: jax.Array
@@ -190,11 +202,7 @@ def invariant_target_half(
     token (the residual one-hot minus q has mass only there, since the draft proposed
     another token where it had one).
     """
-    batch, gamma = draft_tokens.shape
-    tokens = sampling.gumbel_argmax(target_probs, noise)  # [B, γ+1]
-    same = (draft_tokens == tokens[:, :gamma]).astype(jnp.int32)
-    n_accepted = jnp.sum(jnp.cumprod(same, axis=1), axis=1).astype(jnp.int32)
-    chosen = tokens[jnp.arange(batch), n_accepted]
+    n_accepted, chosen = _invariant_verdict(draft_tokens, target_probs, noise)
     return n_accepted, jax.nn.one_hot(chosen, target_probs.shape[-1], dtype=target_probs.dtype)
 
 
@@ -202,5 +210,5 @@ def invariant_target_half(
 def accept_invariant(draft_tokens: jax.Array, target_probs: jax.Array, noise: jax.Array) -> Verdict:
     """The invariant rule over a batch of γ-token proposals (inputs as
     :func:`invariant_target_half`): Verdict(n_accepted, the target's token at n+1)."""
-    n_accepted, target_at_n = invariant_target_half(draft_tokens, target_probs, noise)
-    return Verdict(n_accepted=n_accepted, next_token=jnp.argmax(target_at_n, -1).astype(jnp.int32))
+    n_accepted, chosen = _invariant_verdict(draft_tokens, target_probs, noise)
+    return Verdict(n_accepted=n_accepted, next_token=chosen)
