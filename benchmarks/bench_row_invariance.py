@@ -22,12 +22,12 @@ import argparse
 import json
 import os
 import pathlib
-import platform
 import subprocess
 import sys
 import tempfile
 
 import numpy as np
+from bench_startup import worktree  # (this folder)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 KS = (1, 2, 4, 8, 16)
@@ -38,13 +38,6 @@ SENTENCES = (
     "The quick brown fox jumps over the lazy dog and then runs into the forest to hide.",
     "Configure the network interface.",
 )
-
-
-def cpu_model() -> str:
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def measure() -> dict:
@@ -96,14 +89,6 @@ def same_bits(model, ids: list[list[int]]) -> dict:
             str(b): bool(np.array_equal(row0(b, 1, same_source=True), one)) for b in (3, 4, 16)
         },
     }
-
-
-def worktree(rev: str, folder: pathlib.Path) -> pathlib.Path:
-    path = folder / f"rev-{rev}"
-    subprocess.run(
-        ["git", "worktree", "add", "--detach", "-q", str(path), rev], cwd=REPO, check=True
-    )
-    return path
 
 
 def run_child(checkout: pathlib.Path) -> dict:
@@ -160,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
                     ["git", "worktree", "remove", "--force", str(checkouts[args.against])],
                     cwd=REPO, check=False,
                 )  # fmt: skip
-    summary = {"cpu": cpu_model(), "rounds": args.rounds}
+    sys.path.insert(0, str(REPO))
+    from tests.machine import describe
+
+    summary = {"cpu": describe(pathlib.Path("/proc/cpuinfo").read_text()), "rounds": args.rounds}
     summary["code"] = {name: summarize(results) for name, results in runs.items()}
     print(f"CPU: {summary['cpu']}, {args.rounds} rounds")
     print("| code | batch | " + " | ".join(f"T({k}) ms" for k in KS) + " | same bits |")
