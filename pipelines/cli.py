@@ -172,7 +172,6 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
         action="store_true",
         help="run models without checkpoints on random weights (tests only)",
     )
-    add("--no-warmup", action="store_true", help="time the first batch of each shape too")
     add("--quiet", action="store_true", help="no progress lines")
     parser.set_defaults(func=functools.partial(_job, kind.name))
 
@@ -214,7 +213,6 @@ def _job(kind_name: str, args: argparse.Namespace) -> int:
         tracking_uri=args.tracking_uri,
         summary_json=args.summary_json,
         beam_args=tuple(args.beam_args),
-        warmup=not args.no_warmup,
         progress=not args.quiet,
     )
     print(f"specdec {kind_name}: {job.input} -> {job.output}", file=sys.stderr, flush=True)

@@ -27,7 +27,7 @@ from apache_beam.metrics.metric import MetricsFilter
 
 from pipelines import record_io, text
 from pipelines.beam_inference import ModelHandler
-from workers.batching import DecodeSettings, Generation, Request, pack
+from workers.batching import DecodeSettings, Generation, Request
 from workers.engine import EngineConfig, build_engine
 
 
@@ -253,16 +253,13 @@ class SpeculativeModelHandler(ModelHandler):
         engine: EngineConfig,
         compare_baseline: bool,
         job_id: str,
-        warmup: bool = True,
         total_records: int = 0,
         progress: bool = True,
     ):
         super().__init__()
         self.target, self.draft, self.settings, self.engine = target, draft, settings, engine
-        self.compare_baseline, self.job_id, self.warmup = compare_baseline, job_id, warmup
+        self.compare_baseline, self.job_id = compare_baseline, job_id
         self.total_records, self.show_progress = total_records, progress
-        self._warm: set[tuple] = set()  # PackedBatch.shape() decoded once untimed
-        self._warm_programs: set[tuple] = set()  # their PackedBatch.program_shape()
         self._batches = 0  # batches decoded (the paired calls' order alternates with it)
         self._progress: Progress | None = None
 
@@ -273,7 +270,6 @@ class SpeculativeModelHandler(ModelHandler):
             target=self.target,
             draft=self.draft,
             settings=self.settings,
-            warm_up=self.warmup,
         )
         with _ENGINES_LOCK:
             _ENGINES.setdefault(self.job_id, []).append(engine)
@@ -316,8 +312,6 @@ class SpeculativeModelHandler(ModelHandler):
 
     def _decode(self, items: Sequence[Tokenized], engine) -> list[Decoded]:
         requests = self._requests(items)
-        if self.warmup:
-            self._warm_up(requests, engine)
         # The paired calls alternate their order batch by batch: whichever runs second
         # finds caches and allocator warm (measured: ~2% at γ = 0, where both are the
         # target alone), so a fixed order would bias the speedup.
@@ -351,22 +345,3 @@ class SpeculativeModelHandler(ModelHandler):
             return self._decode([item], engine)[0]
         except Exception as error:  # becomes the record's dead letter
             return record_io.engine_error(item.record, error)
-
-    def _warm_up(self, requests: list[Request], engine) -> None:
-        """Decodes a batch of a not-yet-seen padded shape once, untimed (compilation).
-        Where only its encoder width is new (the decode loops of its
-        ``PackedBatch.program_shape`` are compiled), the speculative decode alone
-        compiles what is new: both models' encoders, which the baseline shares."""
-        packed = pack(requests, self.settings)
-        shape, program = packed.shape(), packed.program_shape()
-        if shape in self._warm:
-            return
-        start = time.perf_counter()
-        engine.generate(requests)
-        add_phase("warmup", time.perf_counter() - start)
-        if self.compare_baseline and program not in self._warm_programs:
-            start = time.perf_counter()
-            engine.generate_baseline(requests)
-            add_phase("warmup_baseline", time.perf_counter() - start)
-        self._warm.add(shape)
-        self._warm_programs.add(program)

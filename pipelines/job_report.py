@@ -11,10 +11,15 @@ depend on the runner. Terms:
   wall time from a batch entering the engine to its results leaving it, summed over
   the batches (the job's ``decode`` and ``baseline`` phases), so the policy's
   exploration, the draft's set-up and the transport count. At T=0 both paths produce
-  the same tokens, so this is the ratio of their wall times (:func:`path_speedup`);
-- *speedup_loop*: the same ratio from the per-batch timers of the decode loops
-  (``wall_ms`` and ``baseline_wall_ms`` of the rows), which leave out what a batch
-  costs around its timed decode;
+  the same tokens, so this is the ratio of their wall times (:func:`path_speedup`).
+  Each batch is decoded once per path: the first batch of a program shape compiles
+  inside the path's time;
+- *compile_s*, *baseline_compile_s*: of each path's time, the seconds spent compiling
+  (tracing, lowering, compiling or loading XLA programs; ``compile_ms`` and
+  ``baseline_compile_ms`` of the rows, measured where the batch ran);
+- *speedup_loop*: the same ratio from the per-batch timers of the engines' decode calls
+  (``wall_ms`` and ``baseline_wall_ms`` of the rows) less their compiling, which leave
+  out what a batch costs around its timed decode;
 - *c_estimate*: the cost coefficient c implied by the timings if one verification
   costs one target step (the paper's assumption; on CPU it costs more, so this reads
   high).
@@ -37,8 +42,21 @@ if TYPE_CHECKING:
 
 
 def _wall_s(rows: Iterable[dict], key: str) -> float:
-    """Seconds over distinct batches (rows of one batch share its wall time)."""
-    per_batch = {row["batch"]: row[key] for row in rows}
+    """Seconds over distinct batches (rows of one batch share its wall time), each less
+    the seconds its call on that path spent compiling (``compile_ms``, or
+    ``baseline_compile_ms`` for a ``baseline_`` key; at most the time itself): timings
+    that price the decoding, not the first batch of a program shape."""
+    compile_key = "baseline_compile_ms" if key.startswith("baseline_") else "compile_ms"
+    per_batch = {
+        row["batch"]: max(row[key] - (row.get(compile_key) or 0.0), 0.0) for row in rows
+    }
+    return sum(per_batch.values()) / 1e3
+
+
+def _compile_s(rows: Iterable[dict], key: str) -> float:
+    """Seconds of compiling over distinct batches (0 where a row's batch did not
+    measure it)."""
+    per_batch = {row["batch"]: row.get(key) or 0.0 for row in rows}
     return sum(per_batch.values()) / 1e3
 
 
@@ -132,6 +150,7 @@ def compute_summary(
     iterations = sum(row["iterations"] for row in rows)
     drafted = sum(row["drafted"] for row in rows)
     accepted = sum(row["accepted"] for row in rows)
+    spec_compile_s = _compile_s(rows, "compile_ms")
     spec_s = _wall_s(rows, "wall_ms")
     speculative = [row for row in rows if row_gamma(row) > 0]  # not the target alone (γ=0)
     fully_accepted = sum(row["accepted_by_position"][-1] for row in speculative)
@@ -166,6 +185,8 @@ def compute_summary(
         "c_estimate": None,
         "tokens": tokens,
         "decode_s": spec_s,
+        "compile_s": spec_compile_s,
+        "baseline_compile_s": None,
         "tokens_per_s": tokens / spec_s if spec_s > 0 else None,
         "baseline_tokens_per_s": None,
         "identical_to_baseline": None,
@@ -173,6 +194,7 @@ def compute_summary(
         "gamma_histogram": gamma_histogram(rows),
     }
     if compare_baseline and rows:
+        summary["baseline_compile_s"] = _compile_s(rows, "baseline_compile_ms")
         base_s = _wall_s(rows, "baseline_wall_ms")
         base_tps = sum(row["baseline_tokens"] for row in rows) / base_s if base_s > 0 else None
         summary["baseline_tokens_per_s"] = base_tps
@@ -286,7 +308,8 @@ def _numeric_metrics(summary: dict[str, Any], traffic: dict | None) -> dict[str,
         "mean_accepted_length "
         "predicted_tokens_per_iteration c_estimate tokens tokens_per_s baseline_tokens_per_s "
         "predicted_speedup efficiency baseline_at_limit draft_c_loop "
-        "decode_s decode_path_s baseline_path_s bleu rouge1 rouge2 rougeL job_s first_record_s"
+        "decode_s decode_path_s baseline_path_s compile_s baseline_compile_s bleu rouge1 rouge2 "
+        "rougeL job_s first_record_s"
     ).split()
     metrics = {k: float(summary[k]) for k in keys if summary.get(k) is not None}
     if summary.get("identical_to_baseline") is not None:

@@ -56,7 +56,7 @@ def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
         ("failed by reason", _fmt(summary["failed_by_reason"])),
         ("speedup (whole decode path)", _speedup_line(summary)),
         ("  the loops' timers alone", _fmt(summary.get("speedup_loop"))),
-        ("first batch of each shape (s)", _warmup_line(summary.get("time_breakdown") or {})),
+        ("  of which compiling (s)", _compile_line(summary)),
         ("tokens/s speculative (loop)", _fmt(summary["tokens_per_s"])),
         ("tokens/s target alone (loop)", _fmt(summary["baseline_tokens_per_s"])),
         ("acceptance rate α (ML)", _fmt(summary["alpha"])),
@@ -109,12 +109,12 @@ def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _warmup_line(phases: dict) -> str:
-    """The untimed first decode of each new batch shape (compiling, mostly) of each
-    path, outside the speedup; says so when the speculative side's took longer."""
-    spec, base = phases.get("warmup"), phases.get("warmup_baseline")
+def _compile_line(summary: dict) -> str:
+    """Seconds each path spent compiling, inside its time (the first batch of each
+    program shape); says so when the speculative side's was longer."""
+    spec, base = summary.get("compile_s"), summary.get("baseline_compile_s")
     if spec is None:
-        return "n/a (--no-warmup: inside the decode paths' time)"
+        return "n/a"
     line = f"speculative {spec:.3g}"
     if base is not None:
         line += f", target alone {base:.3g}"

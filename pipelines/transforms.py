@@ -93,6 +93,7 @@ def output_row(item: Decoded, processor, eos_id: int | None) -> dict:
         "accepted": generation.accepted,
         "wall_ms": round(generation.batch_wall_ms, 3),
         "loop_ms": _ms(generation.batch_loop_ms),
+        "compile_ms": _ms(generation.batch_compile_ms),
         "drafted": generation.drafted,
         "accepted_by_position": generation.accepted_by_position,
         "output_ids": list(generation.tokens),
@@ -104,6 +105,7 @@ def output_row(item: Decoded, processor, eos_id: int | None) -> dict:
             "baseline_tokens": len(item.baseline.tokens),
             "baseline_wall_ms": round(item.baseline.batch_wall_ms, 3),
             "baseline_loop_ms": _ms(item.baseline.batch_loop_ms),
+            "baseline_compile_ms": _ms(item.baseline.batch_compile_ms),
             "matches_baseline": list(item.baseline.tokens) == list(generation.tokens),
         }
     return row

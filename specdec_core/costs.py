@@ -5,10 +5,16 @@ cache prefilled as a decode's would be (``cache_len`` slots: attention covers ev
 so the decode's cache size matters). The result is a :class:`theory.StepCosts`, from which
 :func:`theory.predicted_speedup` and :func:`predicted_tokens_speedup` give the speedup the
 cost model predicts. The jobs (``--compare-baseline``) and the benchmarks use it.
+
+:func:`compile_clock` counts the seconds this thread spends tracing, lowering and
+compiling (or loading from the persistent cache) XLA programs, so that a job can show
+its compilation apart from its decoding.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 
@@ -18,6 +24,47 @@ import numpy as np
 
 from specdec_core import decoding, theory
 from specdec_core.models.api import rollback
+
+
+# JAX's own compile-phase events: tracing to a jaxpr, lowering to MLIR, and the backend's
+# compile, which includes a persistent-cache lookup and load
+COMPILE_EVENTS = frozenset(
+    {
+        "/jax/core/compile/jaxpr_trace_duration",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration",
+        "/jax/core/compile/backend_compile_duration",
+    }
+)
+_compiling = threading.local()
+_listening = threading.Lock()
+_listener_registered = False
+
+
+def _on_event(event: str, duration: float, **_) -> None:
+    if event in COMPILE_EVENTS:
+        _compiling.seconds = getattr(_compiling, "seconds", 0.0) + duration
+
+
+def compile_seconds() -> float:
+    """Seconds this thread has spent compiling since :func:`compile_clock` was first used
+    in the process (a running total: read it before and after)."""
+    return getattr(_compiling, "seconds", 0.0)
+
+
+@contextlib.contextmanager
+def compile_clock():
+    """``with compile_clock() as elapsed:`` … ``elapsed()``: seconds this thread spent
+    compiling inside the block (JAX's tracing, lowering and backend compile events;
+    calls that found their program in memory add nothing)."""
+    global _listener_registered
+    with _listening:
+        if not _listener_registered:
+            jax.monitoring.register_event_duration_secs_listener(_on_event)
+            _listener_registered = True
+    start = compile_seconds()
+    end: list[float] = []
+    yield lambda: (end[0] if end else compile_seconds()) - start
+    end.append(compile_seconds())
 
 
 def median_seconds(fn: Callable[[], object], repeats: int = 7) -> float:

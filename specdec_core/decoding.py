@@ -87,6 +87,9 @@ class DecodeResult:
     # wall seconds of the decode loop alone: what γ changes (the encoder, the prefill and
     # the state's setup are paid once per batch at any γ); NaN where not measured
     loop_s: float = float("nan")
+    # wall seconds of the call spent compiling its programs (costs.compile_clock), NaN
+    # where not measured: the engine that ran the call fills it in
+    compile_s: float = float("nan")
 
     def row_tokens(self, row: int) -> list[int]:
         return self.tokens[row, : self.lengths[row]].tolist()
@@ -97,6 +100,12 @@ def measured_loop_s(result) -> float | None:
     result without the field, or NaN)."""
     loop_s = getattr(result, "loop_s", float("nan"))
     return float(loop_s) if math.isfinite(loop_s) else None
+
+
+def measured_compile_s(result) -> float | None:
+    """``result.compile_s`` where the engine measured it, else None."""
+    compile_s = getattr(result, "compile_s", float("nan"))
+    return float(compile_s) if math.isfinite(compile_s) else None
 
 
 def request_keys(seed: int, request_ids: jax.Array) -> jax.Array:

@@ -214,7 +214,7 @@ def test_a_dear_prior_c_does_not_keep_the_job_at_gamma_0_for_good():
 def test_the_policy_times_a_batchs_loop_not_its_encoder():
     """γ changes only the loop: a batch's encoder and prefill, in its wall time, would
     be spread over fewer steps at longer blocks and make them look dear."""
-    policy = AdaptiveGamma(2, warm_up=False)
+    policy = AdaptiveGamma(2)
     batch = pack(_requests(1), DecodeSettings(gamma=2, max_new_tokens=8, batch_size=1))
 
     def result(loop_s):
@@ -228,7 +228,7 @@ def test_the_policy_times_a_batchs_loop_not_its_encoder():
     for _ in range(2):  # the first batch of a shape compiles: not timed
         policy.decode_baseline(batch, lambda: result(0.4))
     assert policy.costs()[0] == pytest.approx(0.4 / 8)
-    policy = AdaptiveGamma(2, warm_up=False)
+    policy = AdaptiveGamma(2)
     for _ in range(2):  # an engine that does not time its loop: the wall time
         policy.decode_baseline(batch, lambda: result(float("nan")))
     assert 0.0 < policy.costs()[0] < 0.001  # the stand-in returns at once
@@ -572,8 +572,8 @@ def test_negative_control_wrong_rule_is_caught_while_gamma_changes(monkeypatch):
 
 from tests.test_translate_job import models, run_job, tracking_uri, workdir  # noqa: E402, F401
 
-PHASES = {"startup", "mlflow", "engine_start", "warmup", "warmup_baseline", "decode", "baseline",
-          "beam_io", "report", "cost_probe"}  # fmt: skip
+PHASES = {"startup", "mlflow", "engine_start", "decode", "baseline", "beam_io", "report",
+          "cost_probe"}  # fmt: skip
 
 
 @pytest.mark.slow
@@ -669,7 +669,7 @@ def test_a_failed_prior_lookup_leaves_the_job_and_its_run_whole(
 def test_a_new_encoder_width_of_a_compiled_program_shape_is_timed():
     """Caches pad their source to api.source_width, so a batch whose encoder width is new
     but whose decode loop is compiled needs no untimed run: its time counts."""
-    policy = AdaptiveGamma(2, warm_up=True)
+    policy = AdaptiveGamma(2)
     settings = DecodeSettings(gamma=2, max_new_tokens=8, batch_size=1)
 
     def batch(width):
@@ -737,3 +737,45 @@ def test_gamma_1_is_timed_to_anchor_the_curve_while_a_longer_block_is_best():
     assert policy.costs()[4] == pytest.approx(1.37)  # along the γ = 1 to 3 segment
     gains = policy.improvements()
     assert policy.choose() == max(gains, key=gains.get) != 4
+
+
+def _stub_result(loop_s, compile_s=float("nan"), gamma=0):
+    ones = np.ones(1, np.int32)
+    return decoding.DecodeResult(
+        tokens=np.zeros((1, 8), np.int32), lengths=ones * 8, iterations=ones * 8,
+        drafted=ones * gamma, accepted=ones * 0,
+        accepted_by_position=np.zeros((1, gamma), np.int32),
+        draft_s=0.0, target_s=0.0, overhead_s=0.0, total_s=1.0, loop_s=loop_s,
+        compile_s=compile_s,
+    )  # fmt: skip
+
+
+def test_a_new_gamma_is_decoded_once_and_its_compiling_batch_not_timed():
+    """Exploring a γ costs no second decode of the batch: the batch that compiles its
+    program runs once, and its time (compiling included) does not price that γ."""
+    settings = DecodeSettings(gamma=2, max_new_tokens=8, batch_size=1)
+    batch = pack([Request(id="r", prompt_tokens=(0,), encoder_tokens=(5,) * 10)], settings)
+    policy = AdaptiveGamma(2)
+    calls = []
+
+    def speculative(gamma):
+        calls.append(gamma)
+        return _stub_result(0.5, compile_s=0.3 if len(calls) == 1 else 0.0, gamma=gamma)
+
+    policy.choose = lambda rows=1: 1  # the policy's pick is not what is tested here
+    policy.decode(batch, speculative, lambda: _stub_result(0.4))
+    assert calls == [1] and policy.costs()[1] != pytest.approx(0.5 / 8)
+    assert 1 not in {g for g, (_, n) in policy._time.items() if n > 0}  # not timed
+    policy.decode(batch, speculative, lambda: _stub_result(0.4))
+    assert calls == [1, 1] and policy._time[1] == [0.5, 8]  # compiled now: timed
+
+
+def test_a_new_program_that_compiled_nothing_is_timed():
+    """A (γ, shape) new to the policy whose program this process already holds (an
+    earlier job's): the engine measured no compiling, so its first batch is timed."""
+    settings = DecodeSettings(gamma=2, max_new_tokens=8, batch_size=1)
+    batch = pack([Request(id="r", prompt_tokens=(0,), encoder_tokens=(5,) * 10)], settings)
+    policy = AdaptiveGamma(2)
+    policy.decode_baseline(batch, lambda: _stub_result(0.4, compile_s=0.0))
+    assert policy._time[0] == [0.4, 8]
+

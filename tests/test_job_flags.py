@@ -10,7 +10,6 @@ is the Ray engine's), each with an assertion that a wrong implementation fails:
 - ``--dead-letter PATH``: the records that fail land in that file, not beside the output;
 - ``--vocab PATH``: the job encodes with that SentencePiece model and records it; one
   whose size is not the models' is refused before any work;
-- ``--no-warmup``: no untimed first batch, the same outputs;
 - ``--limit N``: the first N records only;
 - ``--gamma 0``: the same job without speculation, through the same engine;
 - without ``--quiet``: the progress lines.
@@ -138,14 +137,6 @@ def test_vocab_names_the_sentencepiece_model_the_job_encodes_with(job, capsys):
     other = job("--vocab", str(OTHER_VOCAB), temperature=0.0)  # 16,000 pieces
     assert other.code == cli.EXIT_CANNOT_START and other.summary is None
     assert "vocab_size 8000 but the SentencePiece model has 16000 pieces" in capsys.readouterr().err
-
-
-def test_no_warmup_skips_the_untimed_first_batch_and_keeps_the_outputs(job):
-    warm = job(temperature=0.0)
-    cold = job("--no-warmup", temperature=0.0)
-    assert _tokens(cold) == _tokens(warm)
-    assert warm.summary["time_breakdown"].get("warmup", 0.0) > 0
-    assert cold.summary["time_breakdown"].get("warmup", 0.0) == 0
 
 
 def test_without_quiet_the_job_prints_its_progress(workdir, models, capsys):

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specdec_core.decoding import measured_loop_s
+from specdec_core.decoding import measured_compile_s, measured_loop_s
 from specdec_core.models import api
 from specdec_core.models.t5 import EOS_ID
 from specdec_core.sampling import GREEDY, SamplingConfig
@@ -70,6 +70,8 @@ class Generation:
     batch_wall_ms: float  # wall time of the batch this request was decoded in
     # of which the decode loop alone (DecodeResult.loop_s); None where not measured
     batch_loop_ms: float | None = None
+    # of which compiling its programs (DecodeResult.compile_s); None where not measured
+    batch_compile_ms: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -154,6 +156,8 @@ def unpack(batch: PackedBatch, result, *, wall_ms: float) -> list[Generation]:
     """One ``Generation`` per real request from a ``decoding.DecodeResult``."""
     loop_s = measured_loop_s(result)
     loop_ms = None if loop_s is None else 1e3 * loop_s
+    compile_s = measured_compile_s(result)
+    compile_ms = None if compile_s is None else 1e3 * compile_s
     return [
         Generation(
             id=request_id,
@@ -164,6 +168,7 @@ def unpack(batch: PackedBatch, result, *, wall_ms: float) -> list[Generation]:
             accepted_by_position=[int(x) for x in result.accepted_by_position[i]],
             batch_wall_ms=wall_ms,
             batch_loop_ms=loop_ms,
+            batch_compile_ms=compile_ms,
         )
         for i, request_id in enumerate(batch.ids)
     ]

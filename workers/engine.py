@@ -25,7 +25,7 @@ import pathlib
 import time
 from collections.abc import Sequence
 
-from specdec_core import decoding
+from specdec_core import costs, decoding
 from specdec_core.models.bound import BoundModel
 from specdec_core.validation import check_choice
 from workers.batching import DecodeSettings, Generation, PackedBatch, Request, pack, unpack
@@ -111,18 +111,16 @@ def build_engine(
     target: ModelSpec,
     draft: ModelSpec,
     settings: DecodeSettings,
-    warm_up: bool = True,
 ):
     """The engine ``config`` describes over two ModelSpecs. With ``gamma="auto"`` an
     :class:`workers.gamma.AdaptiveGamma` (starting from the draft's ``gamma_prior``, if
-    its config has one) chooses γ per batch in 0..``settings.gamma``
-    (``warm_up``: a shape's first batch is decoded once untimed before it is timed)."""
+    its config has one) chooses γ per batch in 0..``settings.gamma``."""
     check_models(config, target=target, draft=draft)
     policy = None
     if config.adaptive:
         from workers.gamma import AdaptiveGamma
 
-        policy = AdaptiveGamma(settings.gamma, prior=draft.gamma_prior, warm_up=warm_up)
+        policy = AdaptiveGamma(settings.gamma, prior=draft.gamma_prior)
     elif config.target_alone:
         from workers.gamma import TargetAlone
 
@@ -259,21 +257,27 @@ def decode_speculative(
     *,
     compiled: bool = False,
 ) -> decoding.DecodeResult:
-    """One packed batch through the in-process speculative loop (encoders included)."""
-    return decoding.speculative_generate(
-        **_decode_args(target, batch, settings),
-        draft=draft.forward,
-        draft_cache=_new_cache(draft, batch),
-        gamma=settings.gamma,
-        compiled=compiled,
-    )
+    """One packed batch through the in-process speculative loop (encoders included),
+    with the seconds it spent compiling (``compile_s``)."""
+    with costs.compile_clock() as compiling:
+        result = decoding.speculative_generate(
+            **_decode_args(target, batch, settings),
+            draft=draft.forward,
+            draft_cache=_new_cache(draft, batch),
+            gamma=settings.gamma,
+            compiled=compiled,
+        )
+    return result.replace(compile_s=compiling())
 
 
 def decode_baseline(
     target: BoundModel, batch: PackedBatch, settings: DecodeSettings
 ) -> decoding.DecodeResult:
-    """One packed batch decoded by the target alone (encoder included)."""
-    return decoding.autoregressive_generate(**_decode_args(target, batch, settings))
+    """One packed batch decoded by the target alone (encoder included), with the
+    seconds it spent compiling (``compile_s``)."""
+    with costs.compile_clock() as compiling:
+        result = decoding.autoregressive_generate(**_decode_args(target, batch, settings))
+    return result.replace(compile_s=compiling())
 
 
 class InProcessEngine:

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from specdec_core import theory
-from specdec_core.decoding import DecodeResult, measured_loop_s
+from specdec_core.decoding import DecodeResult, measured_compile_s, measured_loop_s
 from workers.batching import PackedBatch
 
 DEFAULT_GAMMA_MAX = 4
@@ -152,7 +152,6 @@ class AdaptiveGamma:
         prior: GammaPrior | None = None,
         explore_every: int = 4,
         explore_tests: int = 64,
-        warm_up: bool = True,
     ):
         if gamma_max < 0:
             raise ValueError(f"gamma_max must be >= 0, got {gamma_max}")
@@ -160,7 +159,6 @@ class AdaptiveGamma:
             raise ValueError(f"explore_every must be >= 1, got {explore_every}")
         self.gamma_max, self.prior = gamma_max, prior or GammaPrior()
         self.explore_every, self.explore_tests = explore_every, explore_tests
-        self.warm_up = warm_up
         self._tests = np.zeros(gamma_max)
         self._passes = np.zeros(gamma_max)
         # γ -> (seconds, loop steps) summed over the batches timed at that γ.
@@ -379,15 +377,13 @@ class AdaptiveGamma:
         speculative: Callable[[int], DecodeResult],
         baseline: Callable[[], DecodeResult],
     ) -> tuple[DecodeResult, int, float]:
-        """Decodes one packed batch at the γ chosen now: ``speculative(γ)`` for γ ≥ 1,
-        ``baseline()`` (the target alone) for γ = 0; observes what it measured.
-        Returns (result, γ, wall seconds). The first batch of a (γ, shape) compiles, so
-        its time is not used; with :attr:`warm_up` a γ new for a shape already decoded is
-        run once untimed first (so a switch of γ does not put compilation into the
-        job's timings)."""
+        """Decodes one packed batch, once, at the γ chosen now: ``speculative(γ)`` for
+        γ ≥ 1, ``baseline()`` (the target alone) for γ = 0; observes what it measured.
+        Returns (result, γ, wall seconds). A batch that compiled a program is not timed
+        for the policy (:meth:`_timed`): its seconds would price compilation as decoding."""
         gamma = self.choose(rows=batch.prompt_tokens.shape[0])
         run = baseline if gamma == 0 else (lambda: speculative(gamma))
-        result, seconds, compiled = self._timed(batch, gamma, run, warm_up=self.warm_up)
+        result, seconds, compiled = self._timed(batch, gamma, run)
         self.observe(
             gamma,
             seconds=None if compiled else _loop_seconds(result, seconds),
@@ -403,25 +399,27 @@ class AdaptiveGamma:
     ) -> tuple[DecodeResult, float]:
         """The target alone on one batch (``--compare-baseline``); its time per step is
         the γ = 0 cost (not a batch of the job's own decoding: not in :attr:`history`)."""
-        result, seconds, compiled = self._timed(batch, 0, baseline, warm_up=False)
+        result, seconds, compiled = self._timed(batch, 0, baseline)
         if not compiled:
             with self._lock:
                 self._time[0][0] += _loop_seconds(result, seconds)
                 self._time[0][1] += int(np.max(result.iterations))
         return result, seconds
 
-    def _timed(self, batch: PackedBatch, gamma: int, run, *, warm_up: bool):
+    def _timed(self, batch: PackedBatch, gamma: int, run):
+        """(result, wall seconds, whether it compiled its loop): its (γ, program shape)
+        is new to this policy, and the engine, where it measured the call's compiling
+        (``DecodeResult.compile_s``), saw some (a program already compiled in this
+        process, by an earlier job, costs nothing)."""
         shape = batch.program_shape()  # a new encoder width alone compiles no loop
         with self._lock:
             new = (gamma, shape) not in self._seen
-            shape_known = any(s == shape for _, s in self._seen)
             self._seen.add((gamma, shape))
-        if new and warm_up and shape_known:
-            run()
-            new = False
         start = time.perf_counter()
         result = run()
-        return result, time.perf_counter() - start, new
+        seconds = time.perf_counter() - start
+        compile_s = measured_compile_s(result)
+        return result, seconds, new and (compile_s is None or compile_s > 0)
 
 
 def _loop_seconds(result: DecodeResult, wall_s: float) -> float:
