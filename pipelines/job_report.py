@@ -47,9 +47,7 @@ def _wall_s(rows: Iterable[dict], key: str) -> float:
     ``baseline_compile_ms`` for a ``baseline_`` key; at most the time itself): timings
     that price the decoding, not the first batch of a program shape."""
     compile_key = "baseline_compile_ms" if key.startswith("baseline_") else "compile_ms"
-    per_batch = {
-        row["batch"]: max(row[key] - (row.get(compile_key) or 0.0), 0.0) for row in rows
-    }
+    per_batch = {row["batch"]: max(row[key] - (row.get(compile_key) or 0.0), 0.0) for row in rows}
     return sum(per_batch.values()) / 1e3
 
 

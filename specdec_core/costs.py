@@ -25,7 +25,6 @@ import numpy as np
 from specdec_core import decoding, theory
 from specdec_core.models.api import rollback
 
-
 # JAX's own compile-phase events: tracing to a jaxpr, lowering to MLIR, and the backend's
 # compile, which includes a persistent-cache lookup and load
 COMPILE_EVENTS = frozenset(

@@ -778,4 +778,3 @@ def test_a_new_program_that_compiled_nothing_is_timed():
     policy = AdaptiveGamma(2)
     policy.decode_baseline(batch, lambda: _stub_result(0.4, compile_s=0.0))
     assert policy._time[0] == [0.4, 8]
-
