@@ -597,7 +597,7 @@ def _handler() -> inference.SpeculativeModelHandler:
     return inference.SpeculativeModelHandler(
         target=None, draft=None, settings=_FakeEngine.settings,
         engine=EngineConfig(kind="inprocess"), compare_baseline=True, job_id="test",
-        warmup=False, progress=False,
+        progress=False,
     )  # fmt: skip
 
 
