@@ -164,6 +164,38 @@ def accept(
     return Verdict(n_accepted=n_accepted, next_token=next_token)
 
 
+def accept_first(
+    draft_tokens: jax.Array,
+    draft_probs: jax.Array,
+    target_probs: jax.Array,
+    key: jax.Array,
+    gamma: jax.Array,
+) -> Verdict:
+    """:func:`accept` on the first ``gamma`` of a block's ``S`` draft slots (``gamma`` a
+    traced int32 in [1, S]; the slots after it hold no proposal): exactly Algorithm 1 at
+    that γ, with the same uniforms. The uniforms of ``row_uniforms`` at one key agree on
+    their first entries whatever their count (JAX's partitionable threefry), so the
+    tests draw u_1..u_γ and the next token u_{γ+1}, as :func:`accept` at γ does.
+
+    draft_tokens [B, S], draft_probs [B, S, V], target_probs [B, S+1, V] (p at the
+    γ+1 positions first; the rest unused)."""
+    batch, slots = draft_tokens.shape
+    rows = jnp.arange(batch)
+    uniforms = row_uniforms(key, batch, slots + 1)  # [B, S+1]
+    live = jnp.arange(slots)[None, :] < gamma  # [1, S]
+    ok = (
+        uniforms[:, :slots] * token_probs(draft_probs, draft_tokens)
+        < token_probs(target_probs, draft_tokens)
+    ) & live
+    n_accepted = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
+    # q_{γ+1} = 0: after all γ drafts pass, the next token comes from p_{γ+1} itself
+    q_at_n = jnp.where(
+        (n_accepted < gamma)[:, None], draft_probs[rows, jnp.minimum(n_accepted, slots - 1)], 0.0
+    )
+    next_token = sample_next_token(target_probs[rows, n_accepted], q_at_n, uniforms[:, gamma])
+    return Verdict(n_accepted=n_accepted, next_token=next_token)
+
+
 # ------------------------------------------------------ the drafter-invariant rule
 #
 # With ``SamplingConfig.rule == "invariant"`` the token at output position t is the
@@ -212,3 +244,16 @@ def accept_invariant(draft_tokens: jax.Array, target_probs: jax.Array, noise: ja
     :func:`invariant_target_half`): Verdict(n_accepted, the target's token at n+1)."""
     n_accepted, chosen = _invariant_verdict(draft_tokens, target_probs, noise)
     return Verdict(n_accepted=n_accepted, next_token=chosen)
+
+
+def accept_invariant_first(
+    draft_tokens: jax.Array, target_probs: jax.Array, noise: jax.Array, gamma: jax.Array
+) -> Verdict:
+    """:func:`accept_invariant` on the first ``gamma`` of a block's draft slots (as
+    :func:`accept_first`): the target's token at every position is its own Gumbel-max
+    sample, so the slots after γ only need to count as mismatches."""
+    batch, slots = draft_tokens.shape
+    tokens = sampling.gumbel_argmax(target_probs, noise)  # [B, S+1]
+    same = (draft_tokens == tokens[:, :slots]) & (jnp.arange(slots)[None, :] < gamma)
+    n_accepted = jnp.sum(jnp.cumprod(same.astype(jnp.int32), axis=1), axis=1).astype(jnp.int32)
+    return Verdict(n_accepted=n_accepted, next_token=tokens[jnp.arange(batch), n_accepted])

@@ -441,8 +441,11 @@ def propose_fn(draft: Forward, gamma: int, config: sampling.SamplingConfig, firs
 
 
 def _propose(draft: Forward, gamma: int, config: sampling.SamplingConfig, first: bool):
+    """``propose(cache, state, steps=None)``: γ draft tokens, or with ``steps`` (a traced
+    int32 in [1, γ]) the first ``steps`` of γ slots, the rest zeros: the same draft
+    calls and draws as a proposal of ``steps`` tokens, in buffers of one shape."""
 
-    def propose(cache, state: DecodeState):
+    def propose(cache, state: DecodeState, steps=None):
         if first:
             cache, feed = rollback(cache, state.seq_lengths - 1), state.pending[:, None]
         else:
@@ -464,6 +467,8 @@ def _propose(draft: Forward, gamma: int, config: sampling.SamplingConfig, first:
                 return sampling.draw(u, probs, config)
 
         token = draw(draws[0], probs)
+        if steps is not None:
+            return _propose_steps(draft, config, draw, cache, token, probs, draws, steps)
 
         def step(carry, d):
             cache, token = carry
@@ -478,6 +483,27 @@ def _propose(draft: Forward, gamma: int, config: sampling.SamplingConfig, first:
         return draft_tokens, draft_probs, cache
 
     return propose
+
+
+def _propose_steps(draft: Forward, config, draw, cache, token, probs, draws, steps):
+    """The rest of :func:`_propose` for a traced number of ``steps``: one draft call per
+    token after the first, as its scan makes, into [B, γ] / [B, γ, V] buffers."""
+    gamma = draws.shape[0]
+    tokens = jnp.zeros((token.shape[0], gamma), jnp.int32).at[:, 0].set(token)
+    all_probs = jnp.zeros((*probs.shape[:1], gamma, probs.shape[-1]), probs.dtype)
+    all_probs = all_probs.at[:, 0].set(probs)
+
+    def step(i, carry):
+        cache, token, tokens, all_probs = carry
+        logits, cache = draft(cache, token[:, None])
+        probs = sampling.probs_from_logits(logits[:, 0], config)
+        next_token = draw(draws[i], probs)
+        return cache, next_token, tokens.at[:, i].set(next_token), all_probs.at[:, i].set(probs)
+
+    cache, _, tokens, all_probs = jax.lax.fori_loop(
+        1, steps, step, (cache, token, tokens, all_probs)
+    )
+    return tokens, all_probs, cache
 
 
 @program_cache
@@ -508,21 +534,38 @@ def verify_uniforms(state: DecodeState, gamma: int) -> jax.Array:
 
 
 def verify(
-    state: DecodeState, draft_tokens, draft_probs, target_probs, config: sampling.SamplingConfig
+    state: DecodeState,
+    draft_tokens,
+    draft_probs,
+    target_probs,
+    config: sampling.SamplingConfig,
+    steps=None,
 ) -> acceptance.Verdict:
     """Algorithm 1 (:func:`acceptance.accept`) with each row's own randomness, or under
     ``config``'s invariant rule :func:`acceptance.accept_invariant` with the positions'
-    noise."""
+    noise; with ``steps`` (traced), on the first ``steps`` draft slots only
+    (:func:`acceptance.accept_first`, :func:`acceptance.accept_invariant_first`)."""
     if config.invariant:
         noise = block_noise(state, draft_tokens.shape[1] + 1, target_probs.shape[-1])
+        if steps is not None:
+            return acceptance.accept_invariant_first(draft_tokens, target_probs, noise, steps)
         return acceptance.accept_invariant(draft_tokens, target_probs, noise)
+    if steps is not None:
+        return acceptance.accept_first(
+            draft_tokens, draft_probs, target_probs, _verify_keys(state), steps
+        )
     return acceptance.accept(draft_tokens, draft_probs, target_probs, _verify_keys(state))
 
 
 def commit(
-    state: DecodeState, draft_tokens: jax.Array, verdict: acceptance.Verdict, eos_id: int | None
+    state: DecodeState,
+    draft_tokens: jax.Array,
+    verdict: acceptance.Verdict,
+    eos_id: int | None,
+    steps=None,
 ) -> DecodeState:
-    """Appends the accepted drafts and the next token to every active row; counts stats."""
+    """Appends the accepted drafts and the next token to every active row; counts stats
+    (``steps``: drafted tokens per row where fewer than the block's slots were used)."""
     batch, gamma = draft_tokens.shape
     rows = jnp.arange(batch)
     n = verdict.n_accepted
@@ -536,7 +579,7 @@ def commit(
         pending=jnp.where(active, verdict.next_token, state.pending),
         previous=jnp.where(active, prev_of_next, state.previous),
         iterations=state.iterations + active,
-        drafted=state.drafted + active * gamma,
+        drafted=state.drafted + active * (gamma if steps is None else steps),
         accepted=state.accepted + jnp.where(active, n, 0),
         accepted_by_position=state.accepted_by_position + accepted_at,
     )
@@ -684,9 +727,11 @@ def propose_missed(draft: Forward, gamma: int, config: sampling.SamplingConfig):
     return step
 
 
-def _verify_commit(state: DecodeState, draft_tokens, draft_probs, target_probs, eos_id, config):
-    verdict = verify(state, draft_tokens, draft_probs, target_probs, config)
-    new_state = commit(state, draft_tokens, verdict, eos_id)
+def _verify_commit(
+    state: DecodeState, draft_tokens, draft_probs, target_probs, eos_id, config, steps=None
+):
+    verdict = verify(state, draft_tokens, draft_probs, target_probs, config, steps)
+    new_state = commit(state, draft_tokens, verdict, eos_id, steps)
     return new_state, jnp.all(new_state.done)
 
 
@@ -697,37 +742,51 @@ def _verify_commit_fn(eos_id: int | None, config: sampling.SamplingConfig):
 
 @program_cache
 def _compiled_loop_fn(
-    target: Forward, draft: Forward, gamma: int, config: sampling.SamplingConfig, eos_id
+    target: Forward,
+    draft: Forward,
+    gamma: int,
+    config: sampling.SamplingConfig,
+    eos_id,
+    shared: bool = False,
 ):
     """The whole speculative loop as one compiled call: the same propose, score and
     verify/commit steps as the host loop (so the same tokens), with no host round trip
     per iteration. ``(state, target_cache, draft_cache) -> (state, target_cache, draft_cache)``
-    on prefilled caches."""
-    make = functools.partial(_compiled_loop, gamma=gamma, config=config, eos_id=eos_id)
+    on prefilled caches. ``shared``: one program for every γ up to ``gamma`` draft slots,
+    called as ``(state, target_cache, draft_cache, steps)`` with the batch's γ as ``steps``
+    (the target scores all γ + 1 slots, so it pays where its call on more tokens costs
+    about what one on fewer does)."""
+    make = functools.partial(
+        _compiled_loop, gamma=gamma, config=config, eos_id=eos_id, shared=shared
+    )
     return jit_over(make, (target, draft), donate_argnums=(1, 2))
 
 
-def _compiled_loop(target: Forward, draft: Forward, *, gamma, config, eos_id):
+def _compiled_loop(target: Forward, draft: Forward, *, gamma, config, eos_id, shared=False):
     propose_first, propose = (_propose(draft, gamma, config, f) for f in (True, False))
     score = _score(target, config)
 
-    def iteration(propose_step, state, target_cache, draft_cache):
-        draft_tokens, draft_probs, draft_cache = propose_step(draft_cache, state)
+    def iteration(propose_step, steps, state, target_cache, draft_cache):
+        draft_tokens, draft_probs, draft_cache = propose_step(draft_cache, state, steps)
         target_probs, target_cache = score(target_cache, state, draft_tokens)
-        state, _ = _verify_commit(state, draft_tokens, draft_probs, target_probs, eos_id, config)
+        state, _ = _verify_commit(
+            state, draft_tokens, draft_probs, target_probs, eos_id, config, steps
+        )
         return state, target_cache, draft_cache
 
-    def run(state, target_cache, draft_cache):
+    def run(state, target_cache, draft_cache, steps=None):
         # The first iteration's draft starts from its just-prefilled cache. It runs
         # unguarded: on rows already done, commit keeps the state as it is (it writes
         # only stale cache slots), and a lax.cond around it made XLA copy every cache
         # in and out of its branches once per batch.
-        carry = iteration(propose_first, state, target_cache, draft_cache)
+        carry = iteration(propose_first, steps, state, target_cache, draft_cache)
         return jax.lax.while_loop(
-            lambda c: ~jnp.all(c[0].done), lambda c: iteration(propose, *c), carry
+            lambda c: ~jnp.all(c[0].done), lambda c: iteration(propose, steps, *c), carry
         )
 
-    return run
+    if shared:
+        return run
+    return lambda state, target_cache, draft_cache: run(state, target_cache, draft_cache)
 
 
 def speculative_generate(
@@ -746,6 +805,7 @@ def speculative_generate(
     eos_id: int | None = None,
     pad_id: int = 0,
     compiled: bool = False,
+    slots: int | None = None,
 ) -> DecodeResult:
     """Speculative decoding (Leviathan et al., 2023) for a batch, rows ragged.
 
@@ -757,12 +817,17 @@ def speculative_generate(
     ``compiled=True`` runs the whole loop as one compiled call instead (as
     :func:`autoregressive_generate` does): the same tokens, no host round trip per
     iteration; the split of the time into draft / target / overhead is then unknown
-    and reported as NaN (``total_s`` is measured).
+    and reported as NaN (``total_s`` is measured). ``slots`` (compiled only): run the
+    loop compiled for that many draft slots, drafting ``gamma`` of them, so that every
+    γ up to ``slots`` shares one program (the same tokens as the loop compiled for γ;
+    the target scores ``slots`` + 1 tokens per call).
     """
     if gamma < 1:
         raise ValueError(f"gamma must be >= 1, got {gamma}")
+    if slots is not None and not (compiled and slots >= gamma):
+        raise ValueError(f"slots ({slots}) needs compiled=True and slots >= gamma ({gamma})")
     prompt_tokens, prompt_lengths, state, start = _begin(
-        prompt_tokens, prompt_lengths, request_ids, seed, max_new_tokens, gamma=gamma
+        prompt_tokens, prompt_lengths, request_ids, seed, max_new_tokens, gamma=slots or gamma
     )
     t0 = time.perf_counter()
     target_cache = jax.block_until_ready(
@@ -776,8 +841,14 @@ def speculative_generate(
     loop_start = time.perf_counter()
     target_s, draft_s = t1 - t0, loop_start - t1
     if compiled:
-        loop = _compiled_loop_fn(target, draft, gamma, sampling_config, eos_id)
-        state, _, _ = jax.block_until_ready(loop(state, target_cache, draft_cache))
+        if slots is None:
+            loop = _compiled_loop_fn(target, draft, gamma, sampling_config, eos_id)
+            state, _, _ = jax.block_until_ready(loop(state, target_cache, draft_cache))
+        else:
+            loop = _compiled_loop_fn(target, draft, slots, sampling_config, eos_id, True)
+            state, _, _ = loop(state, target_cache, draft_cache, np.int32(gamma))
+            state = jax.block_until_ready(state)
+            state = state.replace(accepted_by_position=state.accepted_by_position[:, :gamma])
         end, unknown = time.perf_counter(), float("nan")
         return result_from_state(
             state,

@@ -58,6 +58,7 @@ def _speculative(
     seed=0,
     request_ids=None,
     compiled=False,
+    slots=None,
 ):
     return decoding.speculative_generate(
         **_loop_args(prompt_tokens, prompt_lengths, max_new, sampling, eos_id, seed, request_ids),
@@ -65,6 +66,7 @@ def _speculative(
         draft_cache=table.init_cache(prompt_tokens.shape[0], 64),
         gamma=gamma,
         compiled=compiled,
+        slots=slots,
     )
 
 
@@ -239,6 +241,35 @@ def test_compiled_loop_equals_host_loop(temperature, gamma):
     if temperature == 0.0:
         base = _baseline(tokens, lengths, max_new=max_new, eos_id=3)
         np.testing.assert_array_equal(fused.tokens, base.tokens)
+
+
+@pytest.mark.parametrize(
+    ("temperature", "rule"), [(0.0, "paper"), (1.0, "paper"), (1.0, "invariant")]
+)
+def test_one_compiled_loop_for_every_gamma_gives_each_gammas_tokens(temperature, rule):
+    """The loop compiled for 4 draft slots, run at γ = 1..4 (``slots``), decodes what
+    the host loop at that γ decodes: the same tokens, stops and statistics per row (the
+    same draws: uniforms and noise agree on their first entries whatever their count),
+    with acceptance counts for γ positions only."""
+    tokens, lengths = prompts(6, 6, VOCAB, seed=11)
+    max_new = np.array([30, 1, 17, 30, 8, 25])
+    sampling_config = SamplingConfig(temperature=temperature, rule=rule)
+    for gamma in (1, 2, 3, 4):
+        common = dict(
+            gamma=gamma, max_new=max_new, draft="independent", sampling=sampling_config,
+            eos_id=3, seed=5,
+        )  # fmt: skip
+        host = _speculative(tokens, lengths, **common)
+        shared = _speculative(tokens, lengths, compiled=True, slots=4, **common)
+        for field in ("tokens", "lengths", "iterations", "drafted", "accepted"):
+            np.testing.assert_array_equal(
+                getattr(shared, field), getattr(host, field), err_msg=f"γ={gamma}: {field}"
+            )
+        assert shared.accepted_by_position.shape == (6, gamma)
+        np.testing.assert_array_equal(shared.accepted_by_position, host.accepted_by_position)
+        assert (host.drafted > 0).all() and (host.accepted < host.drafted).any()
+    with pytest.raises(ValueError, match="slots"):
+        _speculative(tokens, lengths, compiled=True, slots=2, **{**common, "gamma": 3})
 
 
 def test_compiled_loop_with_every_row_done_at_start_returns_nothing():

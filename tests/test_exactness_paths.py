@@ -6,6 +6,8 @@ finish at different ones:
 
 - ``compiled``: the in-process loop as one compiled call (jobs' in-process engine and
   ``--draft-placement target``);
+- ``shared``: the compiled loop of 4 draft slots run at γ = 2, the one program every γ
+  shares at a few rows under ``--gamma auto`` (``DecodeSettings.slots``);
 - ``host``: the in-process loop, one compiled call per step;
 - ``split``: the target's ``score_and_count`` and the draft's ``propose_first`` /
   ``recover_and_propose``, with only their outputs between them, as the Ray workers
@@ -75,7 +77,8 @@ SETTINGS = {
         temperature=0.7, top_k=4, top_p=0.7, rule="invariant"
     ),
 }
-PATHS = {"compiled": 4, "host": 2, "split": 3, "pipelined": 2}  # path: γ
+PATHS = {"compiled": 4, "shared": 2, "host": 2, "split": 3, "pipelined": 2}  # path: γ
+SHARED_SLOTS = 4  # the shared path's draft slots
 
 
 # ------------------------------------------------------------------- the reference
@@ -191,7 +194,8 @@ def _in_process(path, draft, config, gamma, seed):
         sampling_config=config,
         seed=seed,
         eos_id=EOS,
-        compiled=path == "compiled",
+        compiled=path in ("compiled", "shared"),
+        slots=SHARED_SLOTS if path == "shared" else None,
     )
     return _samples(result.tokens, result.lengths, which)
 
@@ -246,7 +250,7 @@ def _split(path, draft, config, gamma, seed, *, target_config=None, stale_target
 
 def decode(path: str, draft: np.ndarray, config: SamplingConfig, gamma: int, seed: int, **wrong):
     """(prompt index, continuation) per row of ``path``; ``wrong``: a broken split loop."""
-    if path in ("compiled", "host"):
+    if path in ("compiled", "shared", "host"):
         return _in_process(path, draft, config, gamma, seed)
     return _split(path, draft, config, gamma, seed, **wrong)
 
@@ -381,3 +385,36 @@ def test_the_rules_negative_controls_fail_in_the_compiled_loop(name, patched_rul
     samples = decode("compiled", DRAFTS[draft], config, 3, seed=202)
     pvalue, _ = g_test(samples, expected(config))
     assert pvalue < CONTROL_P, f"{name} went undetected in the compiled loop (p={pvalue:.2e})"
+
+
+def _gamma_ignored(draft_tokens, draft_probs, target_probs, key, gamma):
+    """Every slot tested, as if the batch's γ were the program's slot count."""
+    return _accept_first(draft_tokens, draft_probs, target_probs, key, draft_tokens.shape[1])
+
+
+def _residual_ignored(target_probs_at_n, draft_probs_at_n, uniforms):
+    """The next token from p, not from the residual norm(max(0, p − q))."""
+    return _sample_next_token(target_probs_at_n, jnp.zeros_like(draft_probs_at_n), uniforms)
+
+
+_accept_first, _sample_next_token = acceptance.accept_first, acceptance.sample_next_token
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "replacement"),
+    [("accept_first", _gamma_ignored), ("sample_next_token", _residual_ignored)],
+)
+def test_the_shared_loops_negative_controls_fail(name, replacement, monkeypatch):
+    """The shared loop runs its own masked rule (``acceptance.accept_first``): testing
+    the slots after γ, or drawing the next token from p, must fail."""
+    monkeypatch.setattr(acceptance, name, replacement)
+    decoding.clear_compiled()
+    try:
+        config = SETTINGS["T=1"]
+        samples = decode("shared", DRAFTS["independent"], config, PATHS["shared"], seed=202)
+    finally:
+        monkeypatch.undo()
+        decoding.clear_compiled()
+    pvalue, _ = g_test(samples, expected(config))
+    assert pvalue < CONTROL_P, f"{name} broken went undetected (p={pvalue:.2e})"

@@ -31,10 +31,15 @@ class DecodeSettings:
     eos_id: int | None = EOS_ID  # stop a row at this token; None: never
     max_new_tokens: int = 64
     batch_size: int = 1  # batches are padded to this many rows (one compilation)
+    # the compiled loop's draft slots, of which γ are drafted: every γ up to it shares
+    # one program (decoding.speculative_generate's ``slots``); None: a program per γ
+    slots: int | None = None
 
     def __post_init__(self):
         if self.gamma < 1:
             raise ValueError(f"gamma must be >= 1, got {self.gamma}")
+        if self.slots is not None and self.slots < self.gamma:
+            raise ValueError(f"slots must be >= gamma ({self.gamma}), got {self.slots}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.batch_size < 1:

@@ -29,7 +29,7 @@ from specdec_core import costs, decoding
 from specdec_core.models.bound import BoundModel
 from specdec_core.validation import check_choice
 from workers.batching import DecodeSettings, Generation, PackedBatch, Request, pack, unpack
-from workers.gamma import DEFAULT_GAMMA_MAX
+from workers.gamma import DEFAULT_GAMMA_MAX, at_gamma
 from workers.spec import (
     DEFAULT_DRAFT_PLACEMENT,
     DEFAULT_TRANSPORT,
@@ -266,6 +266,7 @@ def decode_speculative(
             draft_cache=_new_cache(draft, batch),
             gamma=settings.gamma,
             compiled=compiled,
+            slots=settings.slots if compiled else None,
         )
     return result.replace(compile_s=compiling())
 
@@ -308,7 +309,7 @@ class InProcessEngine:
                     self.target,
                     self.draft,
                     batch,
-                    dataclasses.replace(self.settings, gamma=gamma),
+                    at_gamma(self.settings, gamma, rows=batch.prompt_tokens.shape[0]),
                     compiled=self.compiled,
                 ),
                 lambda: decode_baseline(self.target, batch, self.settings),

@@ -56,7 +56,7 @@ import numpy as np
 
 from specdec_core import theory
 from specdec_core.decoding import DecodeResult, measured_compile_s, measured_loop_s
-from workers.batching import PackedBatch
+from workers.batching import DecodeSettings, PackedBatch
 
 DEFAULT_GAMMA_MAX = 4
 EXPLORE_Z = 1.0  # standard errors above position 1's rate for "γ = 1 may still pay"
@@ -71,6 +71,10 @@ NEIGHBOUR_STEPS = 48
 # the best is γ ≥ 2 and γ = 1 is estimated within this share of it, it is timed too
 ANCHOR_MARGIN = 0.2
 MAX_SLOPE = 10.0  # a batch-1 growth per token beyond this reads as "verification never pays"
+# batches of up to this many rows run every γ in one compiled loop (DecodeSettings.slots):
+# the target scores γ_max + 1 tokens per call, which costs about what γ + 1 do at a few
+# rows, and the job compiles one speculative program per shape instead of one per γ
+SHARED_SLOTS_MAX_ROWS = 4
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -140,6 +144,14 @@ class GammaPrior:
             raise ValueError(f"rows must be >= 1, got {rows}")
         s = self.target_slope
         return rows * s / (1.0 + (rows - 1) * s)
+
+
+def at_gamma(settings: DecodeSettings, gamma: int, *, rows: int) -> DecodeSettings:
+    """``settings`` (``settings.gamma`` the largest γ) for one batch of ``rows`` rows at
+    the γ the policy chose: at up to :data:`SHARED_SLOTS_MAX_ROWS` rows the compiled loop
+    of ``settings.gamma`` slots runs it, the program every γ shares."""
+    slots = settings.gamma if rows <= SHARED_SLOTS_MAX_ROWS else None
+    return dataclasses.replace(settings, gamma=gamma, slots=slots)
 
 
 class AdaptiveGamma:

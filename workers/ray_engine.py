@@ -9,7 +9,6 @@ restarts, traffic and placement.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 
@@ -19,6 +18,7 @@ from workers.batching import DecodeSettings, Generation, PackedBatch, Request, p
 from workers.channel import new_secret
 from workers.coordinator import SpeculativeCoordinator
 from workers.engine import PROBE_REPEATS, EngineConfig, probe_batch
+from workers.gamma import at_gamma
 from workers.spec import ModelSpec, check_shared_vocabulary, ensure_ray
 
 
@@ -127,7 +127,7 @@ class RayEngine:
             result, _, seconds = self.gamma_policy.decode(
                 batch,
                 lambda gamma: self._generate(
-                    batch, dataclasses.replace(self.settings, gamma=gamma)
+                    batch, at_gamma(self.settings, gamma, rows=batch.prompt_tokens.shape[0])
                 ),
                 lambda: self._on_coordinator("generate_baseline", batch, self.settings),
             )
