@@ -91,15 +91,21 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
         default=None,
         help=f"model config name or YAML path (default {kind.default_target})",
     )
-    add("--draft", default=None, help=f"model config name or spec (default {kind.default_draft})")
+    add(
+        "--draft",
+        default=None,
+        help=f"model config name or spec (default {kind.default_draft}); none: no draft "
+        "model, the target alone (--gamma 0)",
+    )
     add(
         "--gamma",
         type=_gamma,
-        default="auto",
+        default=None,
         help="drafted tokens per iteration, or auto: chosen per batch in 0..--gamma-max "
         "(0 = the target alone) from what the job measures, acceptance by position and "
-        f"the calls' times (default auto; the best fixed γ measured is {DEFAULT_GAMMA}); "
-        "0: the same job without speculation, through the same engine and workers",
+        f"the calls' times (default auto, or 0 with --draft none; the best fixed γ measured "
+        f"is {DEFAULT_GAMMA}); 0: the same job without speculation, through the same "
+        "engine and workers",
     )
     add(
         "--gamma-max",
@@ -176,6 +182,15 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
     parser.set_defaults(func=functools.partial(_job, kind.name))
 
 
+def _job_gamma(args: argparse.Namespace) -> int | str:
+    """``--gamma`` as given, else ``auto``, or 0 (the target alone) with ``--draft none``."""
+    if args.gamma is not None:
+        return args.gamma
+    from pipelines.translate import NO_DRAFT
+
+    return 0 if args.draft == NO_DRAFT else "auto"
+
+
 def _job(kind_name: str, args: argparse.Namespace) -> int:
     enable_compile_cache()  # before JAX is imported here or in the job's Ray workers
     from pipelines import job_table, translate
@@ -187,7 +202,7 @@ def _job(kind_name: str, args: argparse.Namespace) -> int:
         transport=args.transport,
         pipelined=args.pipelined,
         ray_address=args.ray_address,
-        gamma=args.gamma,
+        gamma=_job_gamma(args),
         gamma_max=args.gamma_max,
     )
     job = translate.make_job(

@@ -254,9 +254,17 @@ def job_params(job: JobConfig) -> dict[str, Any]:
         "runner": " ".join(job.beam_args) or "FnApiRunner (in-process)",
         "git_commit": tracking.git_commit(),
     }
-    for role, model in (("target", job.target), ("draft", job.draft)):
-        params |= {f"{role}_{k}": v for k, v in model.describe().items()}
+    params |= {f"target_{k}": v for k, v in job.target.describe().items()}
+    if job.no_draft:
+        params["draft_name"] = "none"
+    else:
+        params |= {f"draft_{k}": v for k, v in job.draft.describe().items()}
     return params
+
+
+def draft_name(job: JobConfig) -> str:
+    """The job's draft model, or ``none`` for ``--draft none``."""
+    return "none" if job.no_draft else job.draft.spec.name
 
 
 def resolved_config(job: JobConfig) -> dict[str, Any]:
@@ -402,7 +410,7 @@ def log_results(summary: dict, rows: Sequence[dict], traffic: dict | None, saved
 
 def run_name(job: JobConfig) -> str:
     """The MLflow run name of a job."""
-    models = f"{job.target.spec.name}-{job.draft.spec.name}"
+    models = f"{job.target.spec.name}-{draft_name(job)}"
     gamma = "auto" if job.engine.adaptive else job.engine.gamma
     return f"{job.kind.name}-{models}-g{gamma}"
 

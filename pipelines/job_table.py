@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pipelines.job_report import draft_name
+
 if TYPE_CHECKING:
     from pipelines.translate import JobConfig
 
@@ -41,7 +43,7 @@ def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
     """The human-readable table printed at the end of a job."""
     sampling = job.settings.sampling
     rows = [
-        ("models", f"target {job.target.spec.name}, draft {job.draft.spec.name}"),
+        ("models", f"target {job.target.spec.name}, draft {draft_name(job)}"),
         (
             "decoding",
             f"γ={f'auto (0..{job.settings.gamma})' if job.engine.adaptive else job.engine.gamma}"

@@ -96,6 +96,7 @@ SUMMARIZE = JobKind(
     default_draft=SUMMARY_DRAFT,
 )
 KINDS = {kind.name: kind for kind in (TRANSLATE, SUMMARIZE)}
+NO_DRAFT = "none"  # --draft none: the target alone, with no draft model loaded
 # the phases the engines time inside the pipeline (pipelines.inference): their start,
 # then the two decode paths
 ENGINE_PHASES = ("engine_start", "decode", "baseline")
@@ -121,6 +122,7 @@ class JobConfig:
     summary_json: str | None = None
     beam_args: tuple[str, ...] = ()  # Beam pipeline options (--runner=..., ...)
     progress: bool = True  # progress lines on stderr
+    no_draft: bool = False  # --draft none: ``draft`` is the target, never called
 
 
 # ------------------------------------------------------------------------ the job
@@ -434,13 +436,27 @@ def make_job(
             target or kind.default_target, role="target", allow_random_init=allow_random_init
         )
     }
-    resolved["draft"] = model_resolver.resolve_model(
-        draft or kind.default_draft,
-        role="draft",
-        allow_random_init=allow_random_init,
-        init_seed=1,
-        vocab_size=resolved["target"].spec.config.vocab_size,
-    )
+    no_draft = draft == NO_DRAFT
+    if no_draft:
+        if not engine.target_alone:
+            raise ValueError(
+                f"--draft {NO_DRAFT} runs the target alone: use it with --gamma 0 (or "
+                f"without --gamma), not --gamma {engine.gamma}"
+            )
+        # The engines take a draft: the target stands in, and at γ = 0 it is never
+        # called; it shares the target's loaded model (in-process, and in the target's
+        # actor with the draft placed there).
+        resolved["draft"] = resolved["target"]
+        if engine.kind == "ray":
+            engine = dataclasses.replace(engine, draft_placement="target")
+    else:
+        resolved["draft"] = model_resolver.resolve_model(
+            draft or kind.default_draft,
+            role="draft",
+            allow_random_init=allow_random_init,
+            init_seed=1,
+            vocab_size=resolved["target"].spec.config.vocab_size,
+        )
     vocab_path = str(vocab or resolved["target"].vocab_path or model_resolver.DEFAULT_VOCAB)
     pieces = text.sentencepiece(vocab_path).get_piece_size()
     model_resolver.check_pair(resolved["target"], resolved["draft"], vocab_size=pieces)
@@ -467,6 +483,7 @@ def make_job(
         engine=engine,
         compare_baseline=compare_baseline,
         max_input_tokens=max_input_tokens or kind.max_input_tokens,
+        no_draft=no_draft,
         **options,
     )
 

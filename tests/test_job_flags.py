@@ -12,6 +12,8 @@ is the Ray engine's), each with an assertion that a wrong implementation fails:
   whose size is not the models' is refused before any work;
 - ``--limit N``: the first N records only;
 - ``--gamma 0``: the same job without speculation, through the same engine;
+- ``--draft none``: the same, with no draft model: ``--gamma 0``'s tokens, named so in
+  the table and MLflow, and refused beside a γ that would draft;
 - without ``--quiet``: the progress lines.
 """
 
@@ -169,6 +171,32 @@ def test_gamma_zero_runs_the_same_job_without_speculation(request, job, workers)
     assert run.summary["alpha"] is None and run.summary["speedup"] > 0
     assert _tokens(run) == _tokens(job(temperature=0.0))  # the speculative job's tokens
     assert _mlflow_params(run)["gamma"] == "0"
+
+
+@pytest.mark.parametrize("workers", ["inprocess", pytest.param("ray", marks=pytest.mark.slow)])
+def test_draft_none_runs_the_target_alone(request, job, workers, capsys):
+    if workers == "ray":
+        request.getfixturevalue("ray_local")
+    capsys.readouterr()
+    run = job("--gamma", "0", "--draft", "none", "--compare-baseline", temperature=0.0,
+              workers=workers)  # fmt: skip
+    assert run.code == 0 and run.summary["identical_to_baseline"] is True
+    assert "draft none" in capsys.readouterr().out  # the table's models line
+    assert run.summary["gamma_histogram"] == {"0": len({r["batch"] for r in run.rows.values()})}
+    assert all(r["drafted"] == 0 for r in run.rows.values())
+    assert _tokens(run) == _tokens(job("--gamma", "0", temperature=0.0, workers=workers))
+    params = _mlflow_params(run)
+    assert params["draft_name"] == "none" and params["gamma"] == "0"
+
+
+def test_draft_none_with_a_drafting_gamma_is_refused_and_without_gamma_means_zero(job, capsys):
+    assert job("--draft", "none", temperature=0.0).code == cli.EXIT_CANNOT_START  # --gamma 2
+    assert "--draft none runs the target alone" in capsys.readouterr().err
+    parse = cli.build_parser().parse_args
+    common = ["translate", "--input", "x.tsv", "--output", "y.jsonl"]
+    assert cli._job_gamma(parse([*common, "--draft", "none"])) == 0
+    assert cli._job_gamma(parse(common)) == "auto"
+    assert cli._job_gamma(parse([*common, "--gamma", "3"])) == 3
 
 
 def test_gamma_below_zero_and_gamma_zero_with_pipelined_are_refused(job, capsys):

@@ -290,7 +290,8 @@ class ModelWorker(recovery.Restartable):
         """Loads ``spec`` beside this worker's model (once; ``draft_placement="target"``)
         and returns its :meth:`info`."""
         if self._draft is None or self._draft.spec != spec:
-            self._draft = ModelWorker(spec)
+            # the target standing in for the draft (--draft none) is this worker's model
+            self._draft = self if spec == self.spec else ModelWorker(spec)
         return self._draft.info()
 
     def step_costs(
