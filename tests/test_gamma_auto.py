@@ -456,7 +456,7 @@ class Scripted(AdaptiveGamma):
         super().__init__(gamma_max)
         self.script = list(script)
 
-    def choose(self, rows: int = 1) -> int:
+    def choose(self, rows: int = 1, shape=None) -> int:
         return self.script.pop(0)
 
 
@@ -762,7 +762,7 @@ def test_a_new_gamma_is_decoded_once_and_its_compiling_batch_not_timed():
         calls.append(gamma)
         return _stub_result(0.5, compile_s=0.3 if len(calls) == 1 else 0.0, gamma=gamma)
 
-    policy.choose = lambda rows=1: 1  # the policy's pick is not what is tested here
+    policy.choose = lambda rows=1, shape=None: 1  # the pick is not what is tested here
     policy.decode(batch, speculative, lambda: _stub_result(0.4))
     assert calls == [1] and policy.costs()[1] != pytest.approx(0.5 / 8)
     assert 1 not in {g for g, (_, n) in policy._time.items() if n > 0}  # not timed
@@ -778,3 +778,53 @@ def test_a_new_program_that_compiled_nothing_is_timed():
     policy = AdaptiveGamma(2)
     policy.decode_baseline(batch, lambda: _stub_result(0.4, compile_s=0.0))
     assert policy._time[0] == [0.4, 8]
+
+
+def _loop_batch(width: int):
+    settings = DecodeSettings(gamma=2, max_new_tokens=8, batch_size=1)
+    return pack([Request(id="r", prompt_tokens=(0,), encoder_tokens=(5,) * width)], settings)
+
+
+def test_a_shape_runs_the_target_alone_until_it_has_forgone_its_loops_compiling():
+    """Compiling bought like skis: a shape without a speculative loop runs at γ = 0, each
+    batch adding what speculation would have saved on it, until that reaches the loop's
+    compile cost; then its loop is compiled. Another shape starts again from nothing."""
+    prior = GammaPrior(alpha=0.9, draft_c=0.05, target_slope=0.0, loop_compile_s=1.0)
+    policy = AdaptiveGamma(2, prior=prior)
+    assert policy.choose() >= 1  # the draft pays, compiling aside
+    short, other = _loop_batch(10), _loop_batch(100)
+    gammas = []
+
+    def speculative(gamma):
+        gammas.append(gamma)
+        return _stub_result(0.3, compile_s=0.5 if len(gammas) == 1 else 0.0, gamma=gamma)
+
+    def baseline():
+        return _stub_result(0.4, compile_s=0.0)
+
+    savings = []
+    saving = policy._saving
+    policy._saving = lambda rows: savings.append(saving(rows)) or savings[-1]
+    chosen = [policy.decode(short, speculative, baseline)[1] for _ in range(40)]
+    paid = chosen.index(next(g for g in chosen if g >= 1))
+    assert paid >= 2 and len(savings) == paid and all(0 < s < 1 for s in savings)
+    # the first batch at γ ≥ 1 is the one after the forgone seconds reached 1 s
+    forgone = np.cumsum([0.4 * s for s in savings])
+    assert forgone[-1] >= 1.0 > forgone[-2]
+    assert all(g == 0 for g in chosen[:paid]) and all(g >= 1 for g in chosen[paid:])
+    assert policy._loop_compiles == [0.5]  # measured: the next shape weighs 0.5 s
+    first_other = [policy.decode(other, speculative, baseline)[1] for _ in range(3)]
+    assert first_other[0] == 0
+
+
+def test_a_draft_that_cannot_pay_forgoes_nothing_and_a_free_compile_speculates_at_once():
+    free = AdaptiveGamma(2, prior=GammaPrior(alpha=0.9, draft_c=0.05, loop_compile_s=0.0))
+    assert free.choose(shape=_loop_batch(10).program_shape()) >= 1
+    hopeless = AdaptiveGamma(2, prior=GammaPrior(alpha=0.0, draft_c=1.0), explore_tests=0)
+    shape = _loop_batch(10).program_shape()
+    for _ in range(20):
+        _, gamma, _ = hopeless.decode(
+            _loop_batch(10), lambda g: _stub_result(0.3, gamma=g), lambda: _stub_result(0.4)
+        )
+        assert gamma == 0
+    assert hopeless._forgone[shape] == 0.0

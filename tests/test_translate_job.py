@@ -103,8 +103,9 @@ def workdir(tmp_path_factory):
     return root
 
 
-def _write_model(root, name: str, config, params) -> pathlib.Path:
-    """A model config YAML whose export folder holds ``params`` as a T5X checkpoint."""
+def _write_model(root, name: str, config, params, **extra) -> pathlib.Path:
+    """A model config YAML whose export folder holds ``params`` as a T5X checkpoint
+    (``extra``: more top-level keys)."""
     from specdec_core import checkpoints
 
     checkpoints.save_t5x(params, root / "checkpoints" / name, step=1)
@@ -116,6 +117,7 @@ def _write_model(root, name: str, config, params) -> pathlib.Path:
         "family": "t5",
         "model": fields,
         "checkpoint": {"export_dir": str(root / "checkpoints" / name)},
+        **extra,
     }
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(body))
@@ -137,7 +139,12 @@ def tiny_pair(root: pathlib.Path) -> dict[str, pathlib.Path]:
     )
     return {
         "target": _write_model(root, "tiny_target", config, params),
-        "draft": _write_model(root, "tiny_draft", config, noisy),
+        # a tiny job has too few batches to earn back compiling a speculative loop, and
+        # --gamma auto would leave it to the target alone (workers.gamma): priced free,
+        # the job tests' auto jobs speculate
+        "draft": _write_model(
+            root, "tiny_draft", config, noisy, gamma_prior={"loop_compile_s": 0.0}
+        ),
     }
 
 

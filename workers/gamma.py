@@ -40,6 +40,17 @@ B·s / (1 + (B − 1)·s) of the γ = 0 step (:meth:`GammaPrior.slope_at`). With
 T(2)/T(1) is 1.26 at batch 1 and 1.85 at batch 16, where a call is compute-bound and
 a block of draft tokens costs nearly its length in target steps. Measured step times
 replace the model once the job has them.
+
+Compiling is bought like skis. A program shape's speculative loop costs seconds to
+compile (the target alone's loop, a fraction of that), and a short job, or a shape that
+few batches have, does not earn them back. So the first batches of a shape without a
+speculative loop run at γ = 0, and each adds what speculation would have saved on it
+(its loop's seconds times 1 − 1/the estimated improvement, optimistically while γ = 1
+is still explored) to the shape's forgone seconds; once they reach the loop's compile
+cost (the median of the job's measured loop compiles, else the prior's
+``loop_compile_s``), the loop is compiled. Like renting until the rent has
+paid for the skis, this never loses more than twice what knowing the job's length in
+advance would, and spends nothing on shapes too rare to pay.
 """
 
 from __future__ import annotations
@@ -86,13 +97,16 @@ class GammaPrior:
     draft_c: float = 0.15  # draft step / target step
     target_slope: float = 0.15  # at batch 1: extra target-call time per extra token / target step
     overhead: float = 0.1  # loop work per iteration / target step
+    # seconds to compile a program shape's speculative loop (trace, lower, load from the
+    # persistent cache) until the job has measured one: what the first is weighed against
+    loop_compile_s: float = 1.0
 
     def __post_init__(self):
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"gamma_prior.alpha must be in [0, 1], got {self.alpha}")
         if self.strength <= 0:
             raise ValueError(f"gamma_prior.strength must be > 0, got {self.strength}")
-        for key in ("draft_c", "target_slope", "overhead"):
+        for key in ("draft_c", "target_slope", "overhead", "loop_compile_s"):
             if getattr(self, key) < 0:
                 raise ValueError(f"gamma_prior.{key} must be >= 0, got {getattr(self, key)}")
 
@@ -179,6 +193,10 @@ class AdaptiveGamma:
         self.history: list[int] = []  # γ of every batch decoded, in order
         self._zeros_in_a_row = 0
         self._seen: set[tuple] = set()  # (γ, program shape) already compiled
+        self._loop_shapes: set[tuple] = set()  # program shapes with a speculative loop
+        # program shape -> seconds speculation would have saved on its γ = 0 batches
+        self._forgone: dict[tuple, float] = collections.defaultdict(float)
+        self._loop_compiles: list[float] = []  # measured seconds of loops' compiling
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- estimates
@@ -268,27 +286,60 @@ class AdaptiveGamma:
 
     # ---------------------------------------------------------------- the policy
 
-    def choose(self, rows: int = 1) -> int:
-        """γ for the next batch, of ``rows`` rows (padding included: they are computed);
-        recorded in :attr:`history` by :meth:`observe`."""
+    def choose(self, rows: int = 1, shape: tuple | None = None) -> int:
+        """γ for the next batch, of ``rows`` rows (padding included: they are computed)
+        and program ``shape`` (``PackedBatch.program_shape``; None: compiling is not
+        weighed); recorded in :attr:`history` by :meth:`observe`."""
         with self._lock:
-            if self.gamma_max == 0:
+            gamma = self._choose(rows)
+            if gamma >= 1 and shape is not None and not self._loop_paid(shape):
                 return 0
-            costs = self._costs(rows)
-            betas = self._betas()
-            best = theory.choose_gamma(betas, costs)
-            if (
-                best == 0
-                and self._tests[0] < self.explore_tests
-                and self._zeros_in_a_row >= self.explore_every - 1
-                and self._may_pay(self._costs(rows, draft_c=self._explore_c()))
-            ):
-                return 1
-            if best >= 1 and len(self.history) % self.explore_every == self.explore_every - 1:
-                neighbour = self._untimed_neighbour(best, theory.gamma_improvements(betas, costs))
-                if neighbour is not None:
-                    return neighbour
-            return best
+            return gamma
+
+    def _choose(self, rows: int) -> int:
+        if self.gamma_max == 0:
+            return 0
+        costs = self._costs(rows)
+        betas = self._betas()
+        best = theory.choose_gamma(betas, costs)
+        if best == 0 and self._exploring() and self._may_pay(self._explore_costs(rows)):
+            return 1
+        if best >= 1 and len(self.history) % self.explore_every == self.explore_every - 1:
+            neighbour = self._untimed_neighbour(best, theory.gamma_improvements(betas, costs))
+            if neighbour is not None:
+                return neighbour
+        return best
+
+    def _exploring(self) -> bool:
+        """γ = 1 is still tried now and then while γ = 0 is the choice."""
+        return (
+            self._tests[0] < self.explore_tests and self._zeros_in_a_row >= self.explore_every - 1
+        )
+
+    def _explore_costs(self, rows: int) -> dict[int, float]:
+        return self._costs(rows, draft_c=self._explore_c())
+
+    def _loop_paid(self, shape: tuple) -> bool:
+        """Whether ``shape`` has its speculative loop, or has forgone enough to buy it."""
+        if shape in self._loop_shapes:
+            return True
+        compile_s = (
+            float(np.median(self._loop_compiles))
+            if self._loop_compiles
+            else self.prior.loop_compile_s
+        )
+        return self._forgone[shape] >= compile_s
+
+    def _saving(self, rows: int) -> float:
+        """The share of a γ = 0 batch's loop time that speculation would save, as
+        estimated now: 1 − 1/(the best γ's improvement), or while γ = 1 is explored
+        its improvement at position 1's upper confidence bound; at least 0."""
+        costs = self._costs(rows)
+        ratio = max(theory.gamma_improvements(self._betas(), costs).values())
+        if self._tests[0] < self.explore_tests:
+            costs = self._explore_costs(rows)
+            ratio = max(ratio, (1 + self._upper_beta1()) * costs[0] / costs[1])
+        return max(1.0 - 1.0 / ratio, 0.0)
 
     def _untimed_neighbour(self, best: int, gains: dict[int, float]) -> int | None:
         """γ = 1 while the best is γ ≥ 2, if estimated within :data:`ANCHOR_MARGIN` of it;
@@ -328,13 +379,17 @@ class AdaptiveGamma:
         error; 1 before any test) over ``costs``, the step costs as estimated now for
         this batch's rows (:meth:`_explore_c`). Exploring a draft that cannot pay costs
         time."""
+        return (1 + self._upper_beta1()) * costs[0] / costs[1] > 1 + EXPLORE_MARGIN
+
+    def _upper_beta1(self) -> float:
+        """Position 1's acceptance at its upper confidence bound (Wilson score, one
+        standard error; 1 before any test)."""
         tests = self._tests[0]
-        upper = 1.0
-        if tests > 0:
-            rate, z2 = self._passes[0] / tests, EXPLORE_Z**2
-            spread = EXPLORE_Z * math.sqrt(rate * (1 - rate) / tests + z2 / (4 * tests**2))
-            upper = (rate + z2 / (2 * tests) + spread) / (1 + z2 / tests)
-        return (1 + upper) * costs[0] / costs[1] > 1 + EXPLORE_MARGIN
+        if tests <= 0:
+            return 1.0
+        rate, z2 = self._passes[0] / tests, EXPLORE_Z**2
+        spread = EXPLORE_Z * math.sqrt(rate * (1 - rate) / tests + z2 / (4 * tests**2))
+        return (rate + z2 / (2 * tests) + spread) / (1 + z2 / tests)
 
     def observe(
         self,
@@ -393,9 +448,11 @@ class AdaptiveGamma:
         γ ≥ 1, ``baseline()`` (the target alone) for γ = 0; observes what it measured.
         Returns (result, γ, wall seconds). A batch that compiled a program is not timed
         for the policy (:meth:`_timed`): its seconds would price compilation as decoding."""
-        gamma = self.choose(rows=batch.prompt_tokens.shape[0])
+        rows, shape = batch.prompt_tokens.shape[0], batch.program_shape()
+        gamma = self.choose(rows=rows, shape=shape)
         run = baseline if gamma == 0 else (lambda: speculative(gamma))
         result, seconds, compiled = self._timed(batch, gamma, run)
+        self._account(shape, gamma, rows, result, seconds, compiled)
         self.observe(
             gamma,
             seconds=None if compiled else _loop_seconds(result, seconds),
@@ -405,6 +462,19 @@ class AdaptiveGamma:
             draft_s=result.draft_s,
         )
         return result, gamma, seconds
+
+    def _account(self, shape, gamma: int, rows: int, result, seconds: float, compiled: bool):
+        """Compiling bought like skis (the module's docstring): a γ = 0 batch of a shape
+        without a speculative loop adds what speculation would have saved on it; a γ ≥ 1
+        batch gives its shape a loop, and what compiling it cost."""
+        with self._lock:
+            if gamma >= 1:
+                self._loop_shapes.add(shape)
+                compile_s = measured_compile_s(result)
+                if compiled and compile_s is not None:
+                    self._loop_compiles.append(compile_s)
+            elif shape not in self._loop_shapes and not compiled:
+                self._forgone[shape] += _loop_seconds(result, seconds) * self._saving(rows)
 
     def decode_baseline(
         self, batch: PackedBatch, baseline: Callable[[], DecodeResult]
