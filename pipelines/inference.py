@@ -270,6 +270,7 @@ class SpeculativeModelHandler(ModelHandler):
             target=self.target,
             draft=self.draft,
             settings=self.settings,
+            batches=-(-self.total_records // self.settings.batch_size) or None,
         )
         with _ENGINES_LOCK:
             _ENGINES.setdefault(self.job_id, []).append(engine)

@@ -828,3 +828,24 @@ def test_a_draft_that_cannot_pay_forgoes_nothing_and_a_free_compile_speculates_a
         )
         assert gamma == 0
     assert hopeless._forgone[shape] == 0.0
+
+
+def test_a_short_job_never_buys_a_loop_it_cannot_earn_back():
+    """With the job's batch count known, a loop is bought only while the batches left,
+    each saving what the last γ = 0 batch would have, could pay its compiling."""
+    prior = GammaPrior(alpha=0.9, draft_c=0.05, target_slope=0.0, loop_compile_s=1.0)
+
+    def chosen(batches):
+        policy = AdaptiveGamma(2, prior=prior, batches=batches)
+        return [
+            policy.decode(
+                _loop_batch(10),
+                lambda g: _stub_result(0.3, compile_s=0.0, gamma=g),
+                lambda: _stub_result(0.4, compile_s=0.0),
+            )[1]
+            for _ in range(batches)
+        ]
+
+    long_job, short_job = chosen(60), chosen(6)
+    assert any(g >= 1 for g in long_job) and long_job[0] == 0
+    assert short_job == [0] * 6  # forgone 1 s after 5 batches, one left

@@ -111,16 +111,18 @@ def build_engine(
     target: ModelSpec,
     draft: ModelSpec,
     settings: DecodeSettings,
+    batches: int | None = None,
 ):
     """The engine ``config`` describes over two ModelSpecs. With ``gamma="auto"`` an
     :class:`workers.gamma.AdaptiveGamma` (starting from the draft's ``gamma_prior``, if
-    its config has one) chooses γ per batch in 0..``settings.gamma``."""
+    its config has one) chooses γ per batch in 0..``settings.gamma`` (``batches``: how
+    many the job has, where known, so that it compiles no loop the job cannot earn back)."""
     check_models(config, target=target, draft=draft)
     policy = None
     if config.adaptive:
         from workers.gamma import AdaptiveGamma
 
-        policy = AdaptiveGamma(settings.gamma, prior=draft.gamma_prior)
+        policy = AdaptiveGamma(settings.gamma, prior=draft.gamma_prior, batches=batches)
     elif config.target_alone:
         from workers.gamma import TargetAlone
 

@@ -50,7 +50,10 @@ is still explored) to the shape's forgone seconds; once they reach the loop's co
 cost (the median of the job's measured loop compiles, else the prior's
 ``loop_compile_s``), the loop is compiled. Like renting until the rent has
 paid for the skis, this never loses more than twice what knowing the job's length in
-advance would, and spends nothing on shapes too rare to pay.
+advance would, and spends nothing on shapes too rare to pay. Where the engine knows how
+many batches the job has (``batches``), a loop is also not bought while the batches
+left, each saving what the last γ = 0 batch would have, could not earn it back: a short
+job stays with the target alone.
 """
 
 from __future__ import annotations
@@ -178,6 +181,7 @@ class AdaptiveGamma:
         prior: GammaPrior | None = None,
         explore_every: int = 4,
         explore_tests: int = 64,
+        batches: int | None = None,
     ):
         if gamma_max < 0:
             raise ValueError(f"gamma_max must be >= 0, got {gamma_max}")
@@ -185,6 +189,7 @@ class AdaptiveGamma:
             raise ValueError(f"explore_every must be >= 1, got {explore_every}")
         self.gamma_max, self.prior = gamma_max, prior or GammaPrior()
         self.explore_every, self.explore_tests = explore_every, explore_tests
+        self.batches = batches  # the job's batches, where known (an upper bound will do)
         self._tests = np.zeros(gamma_max)
         self._passes = np.zeros(gamma_max)
         # γ -> (seconds, loop steps) summed over the batches timed at that γ.
@@ -197,6 +202,7 @@ class AdaptiveGamma:
         # program shape -> seconds speculation would have saved on its γ = 0 batches
         self._forgone: dict[tuple, float] = collections.defaultdict(float)
         self._loop_compiles: list[float] = []  # measured seconds of loops' compiling
+        self._batch_saving_s = 0.0  # what speculation would have saved on the last γ = 0 batch
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- estimates
@@ -320,7 +326,8 @@ class AdaptiveGamma:
         return self._costs(rows, draft_c=self._explore_c())
 
     def _loop_paid(self, shape: tuple) -> bool:
-        """Whether ``shape`` has its speculative loop, or has forgone enough to buy it."""
+        """Whether ``shape`` has its speculative loop, or has forgone enough to buy it
+        and, where the job's batches are known, has enough batches left to earn it."""
         if shape in self._loop_shapes:
             return True
         compile_s = (
@@ -328,7 +335,12 @@ class AdaptiveGamma:
             if self._loop_compiles
             else self.prior.loop_compile_s
         )
-        return self._forgone[shape] >= compile_s
+        if self._forgone[shape] < compile_s:
+            return False
+        if self.batches is None:
+            return True
+        left = max(self.batches - len(self.history), 0)
+        return self._batch_saving_s * left >= compile_s
 
     def _saving(self, rows: int) -> float:
         """The share of a γ = 0 batch's loop time that speculation would save, as
@@ -474,7 +486,8 @@ class AdaptiveGamma:
                 if compiled and compile_s is not None:
                     self._loop_compiles.append(compile_s)
             elif shape not in self._loop_shapes and not compiled:
-                self._forgone[shape] += _loop_seconds(result, seconds) * self._saving(rows)
+                self._batch_saving_s = _loop_seconds(result, seconds) * self._saving(rows)
+                self._forgone[shape] += self._batch_saving_s
 
     def decode_baseline(
         self, batch: PackedBatch, baseline: Callable[[], DecodeResult]
