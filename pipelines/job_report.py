@@ -314,7 +314,8 @@ def _numeric_metrics(summary: dict[str, Any], traffic: dict | None) -> dict[str,
         "mean_accepted_length "
         "predicted_tokens_per_iteration c_estimate tokens tokens_per_s baseline_tokens_per_s "
         "predicted_speedup efficiency baseline_at_limit draft_c_loop "
-        "decode_s decode_path_s baseline_path_s compile_s baseline_compile_s bleu rouge1 rouge2 "
+        "decode_s decode_path_s baseline_path_s compile_s baseline_compile_s loop_compile_s "
+        "bleu rouge1 rouge2 "
         "rougeL job_s first_record_s"
     ).split()
     metrics = {k: float(summary[k]) for k in keys if summary.get(k) is not None}

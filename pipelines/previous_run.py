@@ -73,5 +73,6 @@ def gamma_prior(
         step_costs_ms=costs,
         rows=rows,
         draft_c_loop=metrics.get("draft_c_loop"),
+        loop_compile_s=metrics.get("loop_compile_s"),
     )
     return prior, run.info.run_id

@@ -226,9 +226,12 @@ def run_job(job: JobConfig) -> dict[str, Any]:
             quality_metric=job.kind.quality_metric,
         )
         summary |= job_report.path_speedup(rows, phases, set(done))
+        engine = job_engine(job_id)
+        policy = getattr(engine, "gamma_policy", None)  # the engine MeteredEngine wraps
+        summary["loop_compile_s"] = getattr(policy, "loop_compile_s", lambda: None)()
         if job.compare_baseline and summary["speedup_loop"] is not None:
             probe_start = time.perf_counter()  # on the job's own engine, where it has one
-            summary |= job_prediction.probe(job, rows, summary, job_engine(job_id))
+            summary |= job_prediction.probe(job, rows, summary, engine)
             phases["cost_probe"] = time.perf_counter() - probe_start
         close_engines(job_id)  # the probe timed their models: Ray may stop now
         ray_stop = _stop_ray(ray_start)

@@ -632,6 +632,11 @@ def test_a_second_job_starts_from_the_first_ones_figures(workdir, models, tracki
     # a drafted token's cost as the first job's loop paid it (its loop is timed apart)
     assert first["draft_c_loop"] is not None
     assert second["gamma_prior"]["draft_c"] == pytest.approx(first["draft_c_loop"])
+    # what the first job's loops cost to compile (none, where this process had compiled
+    # them already: then the tiny draft config's prior, 0, stays)
+    measured = first["loop_compile_s"]
+    assert measured is None or measured > 0
+    assert second["gamma_prior"]["loop_compile_s"] == pytest.approx(measured or 0.0)
     assert second["gamma_prior"]["overhead"] == pytest.approx(costs["loop_per_step"] / step)
     growth = costs["target"]["2"] / step - 1.0  # at the job's 3 rows; k = 2 is always timed
     # within what a batch-1 slope can give at 3 rows (MAX_SLOPE; a noisy probe on these

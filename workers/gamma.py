@@ -120,6 +120,7 @@ class GammaPrior:
         step_costs_ms: Mapping[str, Any] | None = None,
         rows: int = 1,
         draft_c_loop: float | None = None,
+        loop_compile_s: float | None = None,
     ) -> GammaPrior:
         """This prior with what an earlier run measured: its α, and from its timed
         calls (``step_costs_ms`` as a job's summary gives them, at ``rows`` rows) the
@@ -129,8 +130,11 @@ class GammaPrior:
         γ = 1 pays, and it is the dearest where the curve bends (on this CPU at batch 16
         T(2), T(3), T(4) cost 1.95, 2.1, 2.3 T(1)). ``draft_c_loop`` (the run's
         ``draft_c_loop``: a drafted token's cost as its decode loop paid it) is the draft's
-        c where given, before the draft call timed alone. What it did not measure stays."""
+        c where given, before the draft call timed alone. ``loop_compile_s``: what its
+        shapes' first speculative batches compiled. What it did not measure stays."""
         changes: dict[str, float] = {}
+        if loop_compile_s is not None and math.isfinite(loop_compile_s):
+            changes["loop_compile_s"] = max(float(loop_compile_s), 0.0)
         if alpha is not None and math.isfinite(alpha):
             changes["alpha"] = min(max(float(alpha), 0.0), 1.0)
         costs = step_costs_ms or {}
@@ -324,6 +328,12 @@ class AdaptiveGamma:
 
     def _explore_costs(self, rows: int) -> dict[int, float]:
         return self._costs(rows, draft_c=self._explore_c())
+
+    def loop_compile_s(self) -> float | None:
+        """The median seconds a shape's first speculative batch spent compiling, as the
+        job measured them (what the next run's prior starts from); None: none measured."""
+        with self._lock:
+            return float(np.median(self._loop_compiles)) if self._loop_compiles else None
 
     def _loop_paid(self, shape: tuple) -> bool:
         """Whether ``shape`` has its speculative loop, or has forgone enough to buy it
