@@ -491,10 +491,10 @@ class AdaptiveGamma:
         batch gives its shape a loop, and what compiling it cost."""
         with self._lock:
             if gamma >= 1:
-                self._loop_shapes.add(shape)
                 compile_s = measured_compile_s(result)
-                if compiled and compile_s is not None:
-                    self._loop_compiles.append(compile_s)
+                if shape not in self._loop_shapes and compiled and compile_s is not None:
+                    self._loop_compiles.append(compile_s)  # the batch that bought the loop
+                self._loop_shapes.add(shape)
             elif shape not in self._loop_shapes and not compiled:
                 self._batch_saving_s = _loop_seconds(result, seconds) * self._saving(rows)
                 self._forgone[shape] += self._batch_saving_s
