@@ -52,8 +52,8 @@ cost (the median of the job's measured loop compiles, else the prior's
 paid for the skis, this never loses more than twice what knowing the job's length in
 advance would, and spends nothing on shapes too rare to pay. Where the engine knows how
 many batches the job has (``batches``), a loop is also not bought while the batches
-left, each saving what the last γ = 0 batch would have, could not earn it back: a short
-job stays with the target alone.
+left, each saving what the last γ = 0 batch would have by the estimate (not its upper
+bound), could not earn it back: a short job stays with the target alone.
 """
 
 from __future__ import annotations
@@ -352,13 +352,13 @@ class AdaptiveGamma:
         left = max(self.batches - len(self.history), 0)
         return self._batch_saving_s * left >= compile_s
 
-    def _saving(self, rows: int) -> float:
+    def _saving(self, rows: int, optimistic: bool = True) -> float:
         """The share of a γ = 0 batch's loop time that speculation would save, as
-        estimated now: 1 − 1/(the best γ's improvement), or while γ = 1 is explored
-        its improvement at position 1's upper confidence bound; at least 0."""
+        estimated now: 1 − 1/(the best γ's improvement), or, ``optimistic``, while γ = 1
+        is explored its improvement at position 1's upper confidence bound; at least 0."""
         costs = self._costs(rows)
         ratio = max(theory.gamma_improvements(self._betas(), costs).values())
-        if self._tests[0] < self.explore_tests:
+        if optimistic and self._tests[0] < self.explore_tests:
             costs = self._explore_costs(rows)
             ratio = max(ratio, (1 + self._upper_beta1()) * costs[0] / costs[1])
         return max(1.0 - 1.0 / ratio, 0.0)
@@ -496,8 +496,9 @@ class AdaptiveGamma:
                     self._loop_compiles.append(compile_s)  # the batch that bought the loop
                 self._loop_shapes.add(shape)
             elif shape not in self._loop_shapes and not compiled:
-                self._batch_saving_s = _loop_seconds(result, seconds) * self._saving(rows)
-                self._forgone[shape] += self._batch_saving_s
+                loop_s = _loop_seconds(result, seconds)
+                self._forgone[shape] += loop_s * self._saving(rows)
+                self._batch_saving_s = loop_s * self._saving(rows, optimistic=False)
 
     def decode_baseline(
         self, batch: PackedBatch, baseline: Callable[[], DecodeResult]
