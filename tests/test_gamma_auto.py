@@ -466,7 +466,7 @@ def test_auto_gamma_greedy_output_equals_the_target_alone(draft_seed):
     settings = DecodeSettings(gamma=3, max_new_tokens=10, batch_size=2)
     target = bound.load_model("target", "t5", CONFIG, init_seed=0)
     draft = bound.load_model("draft", "t5", CONFIG, init_seed=draft_seed)
-    policy = AdaptiveGamma(3)
+    policy = AdaptiveGamma(3, prior=GammaPrior(loop_compile_s=0.0))  # compiling priced free
     engine = InProcessEngine(target, draft, settings, gamma_policy=policy)
     scripted = InProcessEngine(target, draft, settings, gamma_policy=Scripted(3, [0, 3, 1, 2]))
     plain = InProcessEngine(target, draft, settings)

@@ -297,22 +297,11 @@ def test_committed_prompts_append_the_committed_tokens():
 @pytest.fixture(scope="module")
 def job_dir(tmp_path_factory):
     """tests/test_translate_job.py's sentences and tiny model pair, in a folder of ours."""
-    import jax
-
-    from specdec_core.models import t5
     from tests import test_translate_job as job
 
     root = tmp_path_factory.mktemp("restart_job")
     (root / "sentences.tsv").write_text("".join(f"{en}\t{de}\n" for en, de in job.SENTENCES))
-    config = registry.get_config("t5_tiny_test", vocab_size=8000)
-    params = jax.tree_util.tree_map(np.asarray, t5.init_params(config, jax.random.key(0)))
-    rng = np.random.default_rng(0)
-    noisy = jax.tree_util.tree_map(
-        lambda x: (x + job.DRAFT_NOISE * x.std() * rng.standard_normal(x.shape)).astype(x.dtype),
-        params,
-    )
-    job._write_model(root, "tiny_target", config, params)
-    job._write_model(root, "tiny_draft", config, noisy)
+    job.tiny_pair(root)
     return root
 
 
