@@ -48,8 +48,8 @@ class GammaPrior:
         draft's c, the loop's overhead and, where a call on more than one token was
         timed, the target's growth per token at batch 1 (:meth:`slope_at` inverted),
         from the fewest tokens timed: the first verified token's growth decides whether
-        γ = 1 pays, and it is the dearest where the curve bends (on this CPU at batch 16
-        T(2), T(3), T(4) cost 1.95, 2.1, 2.3 T(1)). ``draft_c_loop`` (the run's
+        γ = 1 pays, and where a compute-bound call's cost curve bends it is the dearest
+        per token. ``draft_c_loop`` (the run's
         ``draft_c_loop``: a drafted token's cost as its decode loop paid it) is the draft's
         c where given, before the draft call timed alone. ``loop_compile_s``: what its
         shapes' first speculative batches compiled. What it did not measure stays."""
