@@ -1,0 +1,81 @@
+"""Run as ``python -m tests.shipped_rows``: the shipped target's logits for a sentence,
+alone, against the same sentence beside other sentences of its length bucket, as a job
+batches them (``workers.batching.pack``: every row padded to the bucket's width, padding
+rows a lone EOS), fed one token per call or many, in caches of other lengths. Prints one
+line per comparison, ``same`` or ``DIFFERENT`` with the largest difference, and exits 1
+if any differs. ``tests/test_batch_invariance.py`` runs it in a fresh process compiled
+as a job compiles (XLA's default optimisation), since kernels are chosen per program.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pipelines import model_resolver, text
+from pipelines.cli import REPO_ROOT
+from workers.batching import DecodeSettings, Request, pack
+
+SAMPLE = REPO_ROOT / "assets" / "samples" / "en_de_debian_sample.tsv"
+TARGET = "ende_target_debian"
+FED = 12  # teacher-forced decoder tokens (the reference's first pieces)
+
+
+def _bucket_rows(processor) -> list[tuple[tuple[int, ...], list[int]]]:
+    """(encoder tokens, decoder tokens) of the sample's largest length bucket: sources of
+    different lengths that a job puts in one batch."""
+    buckets = collections.defaultdict(list)
+    for line in SAMPLE.read_text(encoding="utf-8").splitlines():
+        english, german = line.split("\t")[:2]
+        source = text.encode(processor, text.TRANSLATE_PREFIX, english)
+        decoder = [0, *processor.encode(german)][:FED]
+        if len(decoder) == FED:
+            buckets[-(-len(source) // 16)].append((source, decoder))
+    return max(buckets.values(), key=len)
+
+
+def _logits(model, rows, batch_size: int, chunk: int, cache_len: int) -> np.ndarray:
+    """Row 0's logits [FED, V]: ``rows`` packed as the job packs them, fed ``chunk``
+    decoder tokens per call through a ``cache_len``-slot cache."""
+    requests = [
+        Request(id=str(i), prompt_tokens=(0,), encoder_tokens=s) for i, (s, _) in enumerate(rows)
+    ]
+    packed = pack(requests, DecodeSettings(batch_size=batch_size))
+    decoder = np.zeros((batch_size, FED), np.int32)
+    decoder[: len(rows)] = [tokens for _, tokens in rows]
+    cache = model.new_cache(packed.encoder_tokens, batch_size, cache_len)
+    step = jax.jit(model.forward)
+    out = []
+    for start in range(0, FED, chunk):
+        logits, cache = step(cache, jnp.asarray(decoder[:, start : start + chunk]))
+        out.append(np.asarray(logits[0]))
+    return np.concatenate(out, axis=0)
+
+
+def main() -> int:
+    resolved = model_resolver.resolve_model(TARGET, role="target")
+    model = resolved.spec.load()
+    rows = _bucket_rows(text.sentencepiece(resolved.vocab_path))
+    different = 0
+    for first in range(min(3, len(rows))):
+        ordered = [rows[first], *rows[:first], *rows[first + 1 :]]
+        alone = _logits(model, ordered[:1], 1, 1, 128)
+        for batch, chunk, cache_len in ((4, FED, 128), (16, 4, 64), (16, 1, 128)):
+            got = _logits(model, ordered[:batch], batch, chunk, cache_len)
+            gap = float(np.max(np.abs(got - alone)))
+            same = np.array_equal(got, alone)
+            different += not same
+            print(
+                f"row of {len(ordered[0][0])} source tokens beside {min(batch, len(ordered)) - 1}"
+                f" (batch {batch}, {chunk} per call, cache {cache_len}): "
+                + ("same" if same else f"DIFFERENT (max |Δ| {gap:.3g})")
+            )
+    return 1 if different else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
