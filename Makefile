@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # parity and side-by-side tests), pytest, hypothesis, selenium and ruff on top.
 RUN_STAMP := $(VENV)/.installed-run
 
-.PHONY: install run ui models models-en models-debian models-device models-unpack test test-fast lint format bench clean
+.PHONY: install run ui models-en models-debian models-device models-unpack test test-fast lint format bench clean
 
 $(RUN_STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -36,31 +36,15 @@ run: $(RUN_STAMP)
 ui: $(RUN_STAMP)
 	$(BIN)/specdec ui
 
-## Retrain the embedded En->De pair (target + two drafts, then the small draft distilled
-## from the target: on the reference German, then on the target's own translations
-## of every training sentence, which specdec kd-data writes to runs/kd/, then the large
-## draft on the same data); resumable: rerun to continue from runs/train/ (see
-## assets/checkpoints/README.md for steps and timings).
-models: $(RUN_STAMP)
-	$(BIN)/specdec train --config configs/models/ende_target.yaml --resume
-	$(BIN)/specdec train --config configs/models/ende_draft_small.yaml --resume
-	$(BIN)/specdec train --config configs/models/ende_draft_base.yaml --resume
-	$(BIN)/specdec train --config configs/models/ende_draft_distill.yaml --resume
-	test -f runs/kd/ende_target_full/kd.json || $(BIN)/specdec kd-data \
-	    --teacher-config configs/models/ende_target.yaml --output runs/kd/ende_target_full --batch-size 64 \
-	    --teacher-checkpoint assets/checkpoints/ende_target
-	$(BIN)/specdec train --config configs/models/ende_draft_kd.yaml --resume
-	$(BIN)/specdec train --config configs/models/ende_draft_large.yaml --resume
-
 ## Train the English decoder-only pairs of the acceptance study (GPT-like, LaMDA-style;
-## configs/studies/table3_small.yaml), resumable like `models`.
+## configs/studies/table3_small.yaml); resumable: rerun to continue from runs/train/.
 models-en: $(RUN_STAMP)
 	for name in gpt_en_draft lamda_en_draft gpt_en_draft_large lamda_en_draft_large \
 	    gpt_en_target lamda_en_target; do \
 	  $(BIN)/specdec train --config configs/models/$$name.yaml --resume || exit 1; \
 	done
 
-## The Debian-corpus target (issue 21): the committed corpus and vocabulary (rebuilt only
+## The Debian-corpus target: the committed corpus and vocabulary (rebuilt only
 ## when absent: `specdec prepare --corpus debian` fetches the packages with apt-get
 ## download), then the target; resumable from runs/train/ende_target_debian (rerun to
 ## continue), exports to runs/export/ende_target_debian.
@@ -70,7 +54,7 @@ models-debian: $(RUN_STAMP)
 	$(BIN)/specdec train --config configs/models/ende_target_debian.yaml --resume
 
 ## The Debian pair (ende_target_debian and its two distilled drafts) on a lent
-## accelerator (issue 21 item 3): every stage of configs/recipes/debian_pair.yaml under
+## accelerator: every stage of configs/recipes/debian_pair.yaml under
 ## its time budget, all ended DEADLINE seconds after the start (a call's limit less the
 ## packing and the transfer back), the exports packed into parts
 ## of at most 16 MiB under runs/recipe/debian_pair/parts (RETURN=DIR copies the manifest
@@ -78,8 +62,8 @@ models-debian: $(RUN_STAMP)
 ## and sacrebleu: on a machine without the venv (or Beam), set RECIPE to the recipe
 ## module run by that machine's python3 (README, "Debian"); runs on a CPU too (SCALE=0.1
 ## shortens every budget). `make models-unpack PARTS="DIR ..."` joins the returned
-## parts (SHA-256 checked) into assets/checkpoints. PAIR=summ_pair trains the summarizer
-## pair of issue 25 (configs/recipes/summ_pair.yaml) the same way.
+## parts (SHA-256 checked) into assets/checkpoints. PAIR=summ_pair trains the larger summarizer
+## pair (configs/recipes/summ_pair.yaml) the same way.
 RECIPE ?= $(BIN)/specdec train-recipe
 SCALE ?= 1
 DEADLINE ?= 510

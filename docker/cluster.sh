@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the compose cluster end to end: Ray head + `target` node + `draft` node + MLflow server,
 # then the job container (docker/job.sh: `specdec translate --ray-address ray-head:6379
-# --tracking-uri http://mlflow:5000` on assets/samples/en_de_sample.tsv); check that the job's
+# --tracking-uri http://mlflow:5000` on make run's sample and pair); check that the job's
 # summary JSON accounts for every record and that the MLflow server holds its run; tear down.
 #
 #   docker/cluster.sh [extra `specdec translate` arguments]

@@ -55,7 +55,8 @@ while True:
 PY
 
 t0=$(date +%s)
-specdec translate --input assets/samples/en_de_sample.tsv \
+specdec translate --input assets/samples/en_de_debian_sample.tsv \
+    --target ende_target_debian --draft ende_draft_debian_seq2 \
     --output "$OUT/sample.jsonl" --compare-baseline \
     --summary-json "$OUT/sample.summary.json" \
     --ray-address "$RAY_HEAD" --tracking-uri "$TRACKING_URI" "$@"

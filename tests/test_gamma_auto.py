@@ -369,9 +369,9 @@ def test_a_drafts_config_gives_auto_gamma_its_prior(tmp_path):
     from pipelines import configs, model_resolver
     from workers.engine import EngineConfig, build_engine
 
-    draft = model_resolver.resolve_model("ende_draft_debian_kd", role="draft").spec
+    draft = model_resolver.resolve_model("ende_draft_debian_seq2", role="draft").spec
     assert draft.gamma_prior == GammaPrior(
-        alpha=0.33, draft_c=0.02, target_slope=0.03, overhead=0.3
+        alpha=0.391, draft_c=0.035, target_slope=0.03, overhead=0.3
     )
     # With that prior the first batch drafts: verifying 2 tokens costs what 1 does. With
     # the same figures and a call that costs its length, it is the target alone.

@@ -33,11 +33,11 @@ def test_a_preset_with_a_checkpoint_folder_resolves_to_its_newest_step(tmp_path)
 
 def test_random_init_runs_untrained_weights_even_where_a_config_has_a_checkpoint():
     resolved = model_resolver.resolve_model_entry(
-        {"config": "ende_target", "random_init": True, "init_seed": 2}, where="w"
+        {"config": "ende_target_debian", "random_init": True, "init_seed": 2}, where="w"
     )
     assert resolved.random_init and resolved.spec.checkpoint is None
     assert resolved.spec.init_seed == 2 and resolved.spec.family == "t5"
-    assert resolved.source.endswith("configs/models/ende_target.yaml")
+    assert resolved.source.endswith("configs/models/ende_target_debian.yaml")
 
 
 @pytest.mark.parametrize(
@@ -55,7 +55,7 @@ def test_random_init_runs_untrained_weights_even_where_a_config_has_a_checkpoint
             "w: checkpoint not found: /nonexistent/ck",
         ),
         (
-            {"config": "ende_target", "checkpoint": "/x"},
+            {"config": "ende_target_debian", "checkpoint": "/x"},
             model_resolver.ModelResolutionError,
             "w: checkpoint applies to a preset",
         ),
@@ -90,4 +90,4 @@ def test_unknown_names_list_the_callers_own_names_beside_configs_and_presets():
     with pytest.raises(model_resolver.ModelResolutionError) as error:
         model_resolver.resolve_model_entry("gpt_huge", where="w", also=("unigram", "bigram"))
     text = str(error.value)
-    assert "ende_target" in text and "unigram, bigram" in text and "gpt_97m" in text
+    assert "ende_target_debian" in text and "unigram, bigram" in text and "gpt_97m" in text

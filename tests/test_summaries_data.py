@@ -370,5 +370,5 @@ def test_the_trainer_reads_the_summaries_with_the_summarize_prefix():
     summary = processor.encode(first.summary)[: model_file.data.max_target_length - 1]
     assert list(examples.targets[0]) == [*summary, text.EOS_ID]
     assert data.task_prefix(model_file.data) == text.SUMMARIZE_PREFIX
-    translate_file = configs.load_model_config("configs/models/ende_target.yaml")
+    translate_file = configs.load_model_config("configs/models/ende_target_debian.yaml")
     assert data.task_prefix(translate_file.data) == text.TRANSLATE_PREFIX
