@@ -82,7 +82,13 @@ def test_job_runs_translate_against_the_cluster():
     assert job["environment"]["RAY_HEAD"] == "ray-head:6379"
     assert "specdec translate" in script
     assert '--ray-address "$RAY_HEAD"' in script and '--tracking-uri "$TRACKING_URI"' in script
-    assert "assets/samples/en_de_sample.tsv" in script
+    makefile = (ROOT / "Makefile").read_text()
+    for flag in (
+        "--input assets/samples/en_de_debian_sample.tsv",
+        "--target ende_target_debian",
+        "--draft ende_draft_debian_seq2",
+    ):
+        assert flag in makefile and flag in script  # make run's sample and pair
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
