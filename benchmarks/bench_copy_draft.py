@@ -1,10 +1,10 @@
 """The copy draft against the model draft on the shipped translation sample: α and
-tokens per iteration (no timing; issue 25 item 3).
+tokens per iteration (no timing).
 
-For the embedded pair's target (``ende_target``) and three drafts — the default model
-draft (``ende_draft_kd``), the copy draft (``copy:n=N``) and the two combined
-(``copy:n=N+ende_draft_kd``: the copy where a match exists, the model elsewhere) — on
-every sentence of ``assets/samples/en_de_sample.tsv`` (the translate job's
+For the embedded pair's target (``ende_target_debian``) and three drafts — the default
+model draft (``ende_draft_debian_seq2``), the copy draft (``copy:n=N``) and the two combined
+(``copy:n=N+ende_draft_debian_seq2``: the copy where a match exists, the model elsewhere) —
+on every sentence of ``assets/samples/en_de_debian_sample.tsv`` (the translate job's
 preprocessing: ``translate English to German: {en}`` + EOS), in-process, the loop
 compiled, at T=0 and T=1 and each γ:
 
@@ -21,7 +21,7 @@ This is a translation pair: German output copies little from English input (name
 numbers, punctuation). No summarization pair ships yet, where copying from the source
 is the common case.
 
-Usage (BENCHMARKS.md "Copy draft" gives the command run):
+Usage (its runs' commands are in BENCHMARKS.md's git history):
 
     .venv/bin/python benchmarks/bench_copy_draft.py [--n 3] [--gammas 2,4]
         [--temperatures 0,1] [--batch 8] [--limit N] [--json runs/bench/copy_draft.json]
@@ -43,7 +43,7 @@ from workers.batching import DecodeSettings, Request
 from workers.engine import InProcessEngine
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "assets" / "samples" / "en_de_sample.tsv"
+SAMPLE = REPO / "assets" / "samples" / "en_de_debian_sample.tsv"
 PREFIX, EOS = text.TRANSLATE_PREFIX, text.EOS_ID
 MAX_NEW = 64  # the translate job's default --max-new-tokens
 
@@ -53,7 +53,8 @@ def load(ref: str, role: str):
 
 
 def sample_requests() -> list[Request]:
-    processor = text.sentencepiece(str(model_resolver.DEFAULT_VOCAB))
+    target = model_resolver.resolve_model(model_resolver.DEFAULT_TARGET, role="target")
+    processor = text.sentencepiece(target.vocab_path)
     lines = [line.split("\t") for line in SAMPLE.read_text(encoding="utf-8").splitlines()]
     return [
         Request(

@@ -5,7 +5,7 @@ speculative decoding with the trained draft equals greedy target-only decoding t
 for token; and, sampling at T=1, the trained draft's proposals are accepted far more
 often than a bigram's fit on the same text (the ordering the paper's Table 3 shows),
 measured on English test prompts. (At T=0 the LaMDA-style draft is not yet
-separable from the bigram: BENCHMARKS.md §5.)
+separable from the bigram: BENCHMARKS.md, "Table 3 in miniature".)
 """
 
 from __future__ import annotations
