@@ -18,8 +18,7 @@ finds a match (of ≥ n_min tokens, in the source or the output so far) and how 
 matched proposal is the target's next token (which is its acceptance at T=0).
 
 This is a translation pair: German output copies little from English input (names,
-numbers, punctuation). No summarization pair ships yet, where copying from the source
-is the common case.
+numbers, punctuation); summaries copy far more (configs/studies/summaries_copy.yaml).
 
 Usage (its runs' commands are in BENCHMARKS.md's git history):
 

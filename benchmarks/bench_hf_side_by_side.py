@@ -1,8 +1,8 @@
-"""HF transformers side by side (issue 23 item 5): the committed pair, exported to
+"""HF transformers side by side: the committed pair, exported to
 transformers, decoded by HF and by us on the same weights, sentences and settings.
 
 The target and draft are resolved by name (``pipelines.model_resolver``; default the
-committed Debian pair ``ende_target_debian`` / ``ende_draft_debian_kd``) and exported
+committed Debian pair ``ende_target_debian`` / ``ende_draft_debian_seq2``) and exported
 with ``checkpoints.hf_t5_model`` (float32, eval mode). Sentences: the English column of
 ``assets/samples/en_de_debian_sample.tsv`` (``--limit N``: the first N), each fed as
 the translate job does (``translate English to German: {en}`` + EOS, decoder start 0).
@@ -69,7 +69,7 @@ from workers.engine import EngineConfig, build_engine
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "assets" / "samples" / "en_de_debian_sample.tsv"
-TARGET, DRAFT = "ende_target_debian", "ende_draft_debian_kd"
+TARGET, DRAFT = "ende_target_debian", "ende_draft_debian_seq2"
 CORES = len(os.sched_getaffinity(0))  # XLA:CPU's intra-op threads: one per usable core
 HF_GREEDY, HF_CONSTANT, HF_HEURISTIC, HF_DEFAULTS = (
     "HF greedy", "HF assisted, constant", "HF assisted, heuristic", "HF assisted, defaults",

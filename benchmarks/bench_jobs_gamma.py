@@ -1,5 +1,5 @@
 """The jobs as users run them: ``--gamma auto`` against fixed γ, each job's speedup over
-the target alone measured inside the job (issue 20 item 3).
+the target alone measured inside the job.
 
 Every job is a ``specdec translate`` / ``specdec summarize`` process on a shipped
 sample with ``--compare-baseline``: each batch is decoded speculatively and then by the

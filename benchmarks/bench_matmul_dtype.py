@@ -14,7 +14,7 @@ greedy, at ``--batch`` rows, with the job's padding.
 Usage (BENCHMARKS.md "bfloat16 matmuls" gives the command run)::
 
     .venv/bin/python benchmarks/bench_matmul_dtype.py [--batches 1,16] [--records 32]
-        [--rounds 2] [--draft ende_draft_debian]
+        [--rounds 2] [--draft ende_draft_debian_seq2]
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", default="1,16")
     parser.add_argument("--records", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--draft", default="ende_draft_debian")
+    parser.add_argument("--draft", default="ende_draft_debian_seq2")
     args = parser.parse_args(argv)
 
     from specdec_core import costs

@@ -1,4 +1,4 @@
-"""Pipelined speculation against the sequential loop, on the embedded pair (issue 20 item 4).
+"""Pipelined speculation against the sequential loop, on the embedded pair.
 
 For each batch size, draft placement and γ, two Ray engines decode the same sentences
 of the shipped Debian sample (tokenised as the job does, greedy, at most 64 new

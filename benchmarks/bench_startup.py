@@ -1,4 +1,4 @@
-"""Start-up of the main job (issue 20 item 5): ``make run``'s command, timed whole.
+"""Start-up of the main job: ``make run``'s command, timed whole.
 
 Runs make run's job (``specdec translate`` on the shipped Debian sample with
 ``--compare-baseline``) as a new process, from this checkout and, with ``--against
@@ -29,13 +29,11 @@ import tempfile
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-# make run's job with the draft it had until 2026-12-05 (ende_draft_debian, a draft of
-# the same shape as today's ende_draft_debian_seq), so that --against REV runs one job in
-# both checkouts: an older one has no ende_draft_debian_seq
+# make run's job; --against REV runs it in both checkouts, so REV must ship this pair
 JOB = (
     "translate",
     "--input", "assets/samples/en_de_debian_sample.tsv",
-    "--target", "ende_target_debian", "--draft", "ende_draft_debian",
+    "--target", "ende_target_debian", "--draft", "ende_draft_debian_seq2",
     "--draft-placement", "target", "--compare-baseline", "--quiet",
 )  # fmt: skip
 PHASES = ("startup", "ray_start", "mlflow", "engine_start", "warmup", "cost_probe")

@@ -50,7 +50,7 @@ def sample_requests(vocab_path: str, records: int) -> list:
     ]
 
 
-def debian_pair(draft_name: str = "ende_draft_debian"):
+def debian_pair(draft_name: str = "ende_draft_debian_seq2"):
     """(target, draft, vocab path): the embedded Debian target and ``draft_name``,
     loaded as the jobs resolve them."""
     from pipelines import model_resolver

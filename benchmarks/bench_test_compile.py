@@ -1,4 +1,4 @@
-"""The test suite's compile time (issue 23 item 6): test modules run as the suite runs
+"""The test suite's compile time: test modules run as the suite runs
 them (tests/conftest.py compiles with XLA's CPU backend optimisation off) and as jobs
 compile (``SPECDEC_TEST_XLA_OPT=default``), or, with ``--against REV``, from this
 checkout and from a git worktree of REV (both as the suite runs them), the two arms in

@@ -1,4 +1,4 @@
-"""Where one batch's time goes, and what a loop step costs at each γ (issue 20 item 1).
+"""Where one batch's time goes, and what a loop step costs at each γ.
 
 Loads the embedded Debian pair and decodes the first ``--records`` sentences of the
 shipped sample one batch at a time (``--batch`` rows, greedy, the job's padding): the
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gammas", default="1,2,3")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--records", type=int, default=32)
-    parser.add_argument("--draft", default="ende_draft_debian")
+    parser.add_argument("--draft", default="ende_draft_debian_seq2")
     parser.add_argument("--batch", type=int, default=1)
     args = parser.parse_args(argv)
     gammas = [0, *(int(g) for g in args.gammas.split(","))]

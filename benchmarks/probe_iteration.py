@@ -1,5 +1,5 @@
 """Where a speculative iteration's time goes, against what the cost model charges it
-(issue 20 item 2: measured / predicted at fixed γ).
+(measured / predicted at fixed γ).
 
 Loads the embedded Debian pair, decodes the first ``--records`` sentences of the shipped
 sample at ``--batch`` rows and ``--gamma`` (greedy, the job's padding) three ways, each
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--gamma", type=int, default=3)
     parser.add_argument("--records", type=int, default=16)
-    parser.add_argument("--draft", default="ende_draft_debian")
+    parser.add_argument("--draft", default="ende_draft_debian_seq2")
     args = parser.parse_args(argv)
 
     from specdec_core import costs, decoding

@@ -1,4 +1,4 @@
-"""The copies XLA puts in a compiled decode loop (issue 20 item 2: where the loop's time
+"""The copies XLA puts in a compiled decode loop (where the loop's time
 beyond the model calls goes).
 
 Runs ``decoding.autoregressive_generate`` (the target-alone loop, compiled whole) or,
@@ -11,11 +11,11 @@ tagged as the while loop's body (``op_name`` under ``while/body``), and the byte
 moves. A copy of a whole KV cache per layer and step is memory traffic that the cost
 model's "loop per step" figure absorbs.
 
-Usage (BENCHMARKS.md "Automatic γ", batch 16, gives the command run)::
+Usage (BENCHMARKS.md "Attention layout" gives the command run)::
 
     .venv/bin/python benchmarks/probe_loop_copies.py [--model ende_target_debian]
         [--batch 16] [--encoder-len 32] [--max-new-tokens 20] [--cache-len 96]
-        [--draft ende_draft_debian --gamma 3]
+        [--draft ende_draft_debian_seq2 --gamma 3]
 """
 
 from __future__ import annotations
