@@ -3,8 +3,8 @@
 ``apache_beam.ml.inference.base`` imports ``model_manager`` when it can, and that
 module imports torch at its top, for a GPU-memory-aware ``ModelManager`` that the
 jobs never use (``base`` falls back to none when the import fails). Where torch is
-installed (``make install`` brings it for the HF tests), that import cost every job
-1.2–2.5 s of start-up on this machine, before its first record. So torch is hidden
+installed (``make install`` brings it for the HF tests), that import adds seconds to
+every job's start-up, before its first record. So torch is hidden
 while Beam's module is imported: ``sys.modules["torch"] = None`` makes ``import torch``
 raise ImportError there, and the entry is removed at once, so that a later
 ``import torch`` (the HF tests, a user's own code) works as before. Where torch is

@@ -3,7 +3,7 @@
 Schema (every section optional except ``model``; unknown keys are an error that names
 the key and the file)::
 
-    name: ende_target            # run/checkpoint name; defaults to the file's stem
+    name: ende_target_debian     # run/checkpoint name; defaults to the file's stem
     family: t5                   # a family with checkpoints (specdec_core.models.families):
                                  # "t5" (T5Config) | "decoder" (DecoderConfig)
     model: {...}                 # the family's config fields (vocab_size, emb_dim, ...)

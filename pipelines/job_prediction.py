@@ -113,7 +113,7 @@ def prediction(rows: Sequence[dict], summary: dict[str, Any], costs) -> dict[str
 
 
 # a γ that decoded less than this share of a run's tokens has its verification's cost
-# interpolated rather than timed (each timed k costs the job about 0.6 s)
+# interpolated rather than timed (each timed k costs the job a compile and its calls)
 PROBE_SHARE = 0.1
 
 
@@ -173,7 +173,7 @@ def draft_c_in_loop(rows: Sequence[dict], target_step_s: float, costs) -> float 
         if gamma + 1 not in costs.target_s or not _loop_timed(having, "loop_ms"):
             continue
         step = _wall_s(having, "loop_ms") / max(_per_batch_max(having, "iterations"), 1)
-        # never below 0: a noisy probe once timed T(2) 2 ms under T(1), and c read 0.34
+        # never below 0: a noisy probe can time T(2) under T(1), which would inflate c
         growth = max(costs.target_s[gamma + 1] - call, 0.0)
         fits.append(max((step - target_step_s - growth) / (gamma * call), 0.0))
     return float(sorted(fits)[len(fits) // 2]) if fits else None

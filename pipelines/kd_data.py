@@ -1,7 +1,7 @@
 """Sequence-level distillation data: the target's own translations as training pairs.
 
-``specdec kd-data --teacher-config configs/models/ende_target.yaml --output
-runs/kd/ende_target`` (or ``python -m pipelines.kd_data``, the same flags) decodes
+``specdec kd-data --teacher-config configs/models/ende_target_debian.yaml --output
+runs/kd/ende_target_debian`` (or ``python -m pipelines.kd_data``, the same flags) decodes
 English inputs of the teacher's training split with the teacher (greedy at T=0, sampled
 at T=1, ...) and writes the result as a Ding-style data folder: ``train.tsv`` holds
 ``english<TAB>teacher's German`` (one line per input and temperature),
@@ -14,7 +14,7 @@ Why: speculative decoding accepts a drafted token with probability min(1, p/q) a
 distilled (KL to the teacher, ``train.distill_weight``) on prefixes the teacher itself
 writes sees the distributions it will be asked to match; on the reference German it
 sees prefixes the target never produces. Point a draft config's ``data.data_dir`` at the
-output folder (``configs/models/ende_draft_kd.yaml``).
+output folder (``configs/models/ende_draft_debian_seq2.yaml``).
 
 Every input gets a line (a decode that hits ``--max-new-tokens`` is written truncated
 and counted); the output is a pure function of the teacher, the inputs and the seed.

@@ -2,8 +2,8 @@
 
 A model reference is one of
 
-- a **model config name**: ``configs/models/NAME.yaml`` (``ende_target``,
-  ``ende_draft_small``, ...), read with the strict loader of :mod:`pipelines.configs`;
+- a **model config name**: ``configs/models/NAME.yaml`` (``ende_target_debian``,
+  ``ende_draft_debian_seq2``, ...), read with the strict loader of :mod:`pipelines.configs`;
   its checkpoint is the config's export folder (``assets/checkpoints/NAME``);
 - a **path** to a model config YAML (anything ending in ``.yaml``/``.yml`` or holding a
   path separator);
@@ -16,7 +16,7 @@ A model reference is one of
   longest suffix looked up, default 3), ``n_min`` (default 1), ``fallback`` (the token
   proposed where nothing matches, default 1: T5's EOS), ``vocab_size`` (default: the
   backoff model's, else the job's target's, else the default target's). ``+MODEL`` (any
-  reference above) makes it "copy first, MODEL when no match": ``copy:n=3+ende_draft_kd``.
+  reference above) makes it "copy first, MODEL when no match": ``copy:n=3+summ_draft``.
 
 A preset has no weights, and neither does a config whose checkpoint is not there yet:
 both need ``allow_random_init`` (the ``--allow-random-init`` test flag), otherwise
@@ -45,7 +45,7 @@ from workers.spec import ModelSpec, Placement, check_shared_vocabulary
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs" / "models"
 # The embedded pairs that jobs default to (configs/models, exports in assets/checkpoints):
-DEFAULT_TARGET = "ende_target_debian"  # En->De on the Debian corpus (issue 21)
+DEFAULT_TARGET = "ende_target_debian"  # En->De on the Debian corpus
 DEFAULT_DRAFT = "ende_draft_debian_seq2"  # KL-distilled from it, then on its outputs (BENCHMARKS)
 SUMMARY_TARGET = "summ_target"  # description -> synopsis on Debian's package descriptions
 SUMMARY_DRAFT = "summ_draft"  # KL-distilled from it (BENCHMARKS, Summarizer pair)
@@ -223,7 +223,7 @@ def _copy_draft(
         if key not in (*_COPY_OPTIONS, "vocab_size"):
             raise ModelResolutionError(
                 f"--{role}: unknown copy draft option {key!r}; options: n (= n_max), n_min, "
-                "fallback, vocab_size (e.g. copy:n=3 or copy:n=3+ende_draft_kd)"
+                "fallback, vocab_size (e.g. copy:n=3 or copy:n=3+summ_draft)"
             )
         if not isinstance(value, int) or isinstance(value, bool):
             raise ModelResolutionError(
@@ -235,7 +235,7 @@ def _copy_draft(
         if not backoff_ref:
             raise ModelResolutionError(
                 f"--{role}: {ref!r} ends in '+': name the model draft after it "
-                "(e.g. copy+ende_draft_kd)"
+                "(e.g. copy+summ_draft)"
             )
         if _is_copy_ref(backoff_ref):
             raise ModelResolutionError(f"--{role}: a copy draft cannot back off to a copy draft")

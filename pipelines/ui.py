@@ -1,6 +1,6 @@
 """``specdec ui``: the MLflow UI on 127.0.0.1 over the jobs' tracking store.
 
-Prints the URL, then becomes ``mlflow ui`` (it starts in ~10 s; Ctrl-C stops it);
+Prints the URL, then becomes ``mlflow ui`` (it takes some seconds to start; Ctrl-C stops it);
 ``--dry-run`` prints the command instead.
 """
 

@@ -7,7 +7,7 @@ line and the MLflow train metrics; every ``train.eval_every`` steps an evaluatio
 ``every_seconds`` seconds, and on SIGTERM/SIGINT, a train checkpoint and an export
 (:mod:`pipelines.train.checkpoints`). Metrics go to MLflow experiment ``train``.
 
-Distillation: ``teacher: configs/models/ende_target.yaml`` (its latest checkpoint) or a
+Distillation: ``teacher: configs/models/ende_target_debian.yaml`` (its latest checkpoint) or a
 checkpoint folder (with ``teacher_config``) and ``train.distill_weight > 0``.
 
 A time budget (``--time-budget SECONDS``, :class:`TimeBudget`) trains until a wall-clock
@@ -439,7 +439,7 @@ class Trainer:
         Each shape is lowered here, then compiled on its own thread (XLA compiles outside
         the GIL); the compilation cache (:func:`enable_compilation_cache`) then serves the
         loop's calls. A lent accelerator otherwise compiles one shape at a time as the
-        sampler first draws it (four shapes of the 46M target took ~250 s on an H200).
+        sampler first draws it, and a large model's shapes each take minutes.
         """
         start = time.time()
         lowered = []

@@ -13,9 +13,8 @@ from pipelines.data import ding
 from pipelines.data.debian.build import read_source_split
 
 # The sources the committed sample draws from: the corpus the committed pair was trained
-# on. The documentation and manual-page sources came later (the pair never saw their
-# domains in training), so make run's sample and every figure measured on it stay as
-# they were; their test splits are measured on their own (BENCHMARKS.md).
+# on. The pair never saw the documentation and manual-page sources in training, so the
+# sample leaves them out; their test splits are measured on their own (BENCHMARKS.md).
 SAMPLE_SOURCES = ("ding", "ddtp", "lohelp", "catalogs", "mozilla")
 
 
