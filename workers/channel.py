@@ -3,9 +3,9 @@
 Ray places the actors, starts and stops them, and carries everything that is not in
 the hot loop (start, release, the baseline, info). The loop's calls — one or two per
 iteration, a few kilobytes each — go over a plain TCP connection from the coordinator
-to the worker's process instead: a Ray actor call costs 1–3 ms of scheduling, gRPC and
-thread hand-offs on a small machine, which at batch 1 is a third of an iteration; a
-socket round trip on the same node costs tens of microseconds and blocks in ``recv``
+to the worker's process instead: a Ray actor call costs milliseconds of scheduling, gRPC
+and thread hand-offs, a large share of an iteration at batch 1; a socket round trip on
+the same node costs tens of microseconds and blocks in ``recv``
 (no busy polling, unlike Ray Compiled Graphs' shared-memory channels).
 
 Security. Anything that can reach the port can connect, so:

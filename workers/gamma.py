@@ -196,8 +196,8 @@ class AdaptiveGamma:
 
         A draft step timed alone (the cost probe) misses what the loop adds per drafted
         token (sampling it, its probabilities kept for verification, one more step of the
-        draft's scan): measured here, 0.7-1 ms per drafted token against a 0.2 ms draft
-        call, and a prior built on the call alone made long blocks look cheap."""
+        draft's scan), which can be several times the call itself, so a prior built on the
+        call alone makes long blocks look cheap."""
         with self._lock:
             return self._fitted_c(self.prior.slope_at(rows))
 
@@ -293,11 +293,10 @@ class AdaptiveGamma:
         it has fewer than :data:`NEIGHBOUR_STEPS` timed loop steps. An untimed γ is priced
         by the model (a drafted token's cost, fitted linearly): the first drafted token
         costs less than the later ones in the compiled loop (the draft's first call carries
-        two tokens and no scan step), so γ = 1 read dearer than it was and the job stayed
-        at γ = 2, 4% slower. Timed, γ = 1 anchors the curve (``theory.iteration_costs``
-        puts the γ between two timed ones on the line between them): from the γ = 4 that a
-        noisy prior started it at, a job had walked down one γ at a time and ran 42 of 50
-        batches at γ = 4 (1.05×, where γ = 1 gives 1.22×)."""
+        two tokens and no scan step), so untimed, γ = 1 reads dearer than it is and a job
+        can stay at a slower γ = 2. Timed, γ = 1 anchors the curve (``theory.iteration_costs``
+        puts the γ between two timed ones on the line between them), so a job that a noisy
+        prior started at a long block need not walk down one γ at a time."""
         candidates = [(best - 1, NEIGHBOUR_MARGIN), (best + 1, NEIGHBOUR_MARGIN)]
         if best >= 2:
             candidates.insert(0, (1, ANCHOR_MARGIN))
@@ -312,10 +311,9 @@ class AdaptiveGamma:
 
     def _explore_c(self) -> float | None:
         """The draft's c for "may γ = 1 still pay": 0 (the cheapest it can be) until a
-        γ ≥ 1 batch is timed, then the fitted one. A prior's c from a noisy earlier run
-        (0.34 against 0.1-0.2) once kept a job at γ = 0 for all 50 batches, 0.99x where
-        γ = 1 gives 1.2x: the first record it tried had a low acceptance, and with that c
-        no rate could pay."""
+        γ ≥ 1 batch is timed, then the fitted one. With a prior's c from a noisy earlier
+        run, too high, a first record of low acceptance can make every rate look unable to
+        pay and keep the job at γ = 0 for good, where γ = 1 would have paid."""
         timed = any(g >= 1 and n > 0 for g, (_, n) in self._time.items())
         return None if timed else 0.0
 

@@ -141,8 +141,8 @@ class Bfloat16Weight:
     bf16: jax.Array
     # A token embedding's rows as their 16-bit patterns, for lookups (:func:`embed`).
     # XLA's CPU backend gathers no bfloat16: from ``bf16`` it widened (or, bitcast
-    # inside the program, copied) the whole table once per program run, 1-4 ms for a
-    # 16k x 512 table, on every batch and decode loop.
+    # inside the program, copied) the whole table once per program run, on every batch
+    # and decode loop.
     bits: jax.Array | None = None
 
     @classmethod
@@ -398,8 +398,8 @@ def dot_product_attention(
     """
     # Every operand goes in heads-major ([B, H, ·, D]) and the result comes out so, then
     # back to [B, Q, H, D]: XLA's CPU dots take the head as a batch dimension only in
-    # that layout. Mixed layouts ("bqhd,bhsd->bhqs") cost 4x at 16 rows and 2-4 decode
-    # tokens, and 3x in a training forward (BENCHMARKS.md, "Attention layout").
+    # that layout. Mixed layouts ("bqhd,bhsd->bhqs") cost several times as much, in
+    # decoding and in a training forward (BENCHMARKS.md, "Attention layout").
     if not kv_heads_major:
         key, value = key.transpose(0, 2, 1, 3), value.transpose(0, 2, 1, 3)
     single = pair_single_query and query.shape[1] == 1
