@@ -2,10 +2,9 @@
 before the CLI imports JAX, Beam and MLflow.
 
 A job's start on a small machine is CPU-bound, and Ray's local instance takes the
-longest of it (its daemons start one after another: 2.5-3.5 s on 2 idle cores). Started
-here, before :mod:`pipelines.cli` and what it imports (JAX, flax: ~1 s), it was ready
-~2 s sooner and the first record came 0.2 s sooner in the median: the rest of the wait
-moved to MLflow's store (BENCHMARKS.md "Start-up"). :func:`pipelines.translate.run_job`
+longest of it (its daemons start one after another). Started here, before
+:mod:`pipelines.cli` and what it imports (JAX, flax), it starts while they import, and
+the first record comes sooner (BENCHMARKS.md "Start-up"). :func:`pipelines.translate.run_job`
 takes the instance started here (:func:`take_early_ray`) instead of starting its own.
 
 Only a ``translate`` / ``summarize`` command that will use Ray starts early: ``--workers
