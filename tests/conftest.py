@@ -11,8 +11,8 @@ import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The job commands turn on JAX's persistent compilation cache (pipelines.cli); in the
-# long-lived test process, writing a cache entry segfaulted in a later test (CI of stop 19,
-# inside jax's compilation_cache.put_executable_and_time). Tests that exercise the cache
+# long-lived test process, writing a cache entry can segfault in a later test (inside
+# jax's compilation_cache.put_executable_and_time). Tests that exercise the cache
 # set SPECDEC_COMPILE_CACHE themselves (tests/test_compile_cache.py).
 os.environ.setdefault("SPECDEC_COMPILE_CACHE", "off")
 # Three quarters of the suite's CPU time is XLA compiling programs, nearly all of them
@@ -32,8 +32,8 @@ SHARED_TESTDATA = REPO_ROOT.parent / "shared" / "testdata"
 def _free_compiled_programs():
     """After each test module: drop the compiled programs and models that the process
     caches (specdec_core.decoding, workers, JAX's own jit caches). A test process goes
-    through hundreds of models; kept, they grew one pytest worker past 16 GB and the
-    kernel killed it (CI, stop 27)."""
+    through hundreds of models; kept, they grow a pytest worker past 16 GB, and the
+    kernel kills it."""
     yield
     if "specdec_core.decoding" in sys.modules:
         sys.modules["specdec_core.decoding"].clear_compiled()

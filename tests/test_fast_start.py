@@ -1,4 +1,4 @@
-"""What a job's start and end cost (issue 20, "a fast start"): Beam's RunInference comes
+"""What a job's start and end cost: Beam's RunInference comes
 without torch (pipelines.beam_inference), and the ``specdec`` console script ends a job's
 process once its exit handlers have run (pipelines.cli.entry)."""
 

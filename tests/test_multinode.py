@@ -1,4 +1,4 @@
-"""A real two-node Ray cluster on this machine (issue 23 item 2).
+"""A real two-node Ray cluster on this machine.
 
 The cluster (``ray.cluster_utils.Cluster``: a head offering the resource ``target``, a
 second node offering ``draft``, two CPUs each) runs in a helper process of its own, with

@@ -1,4 +1,4 @@
-"""Pipelined speculation (issue 20 item 4): the draft proposes block i+1 while the
+"""Pipelined speculation: the draft proposes block i+1 while the
 target verifies block i, and keeps it only where it stands.
 
 The core steps (:func:`decoding.propose_ahead`, :func:`decoding.settle`,

@@ -208,7 +208,7 @@ def test_resume_without_train_state_warm_starts_from_the_export(tiny_config, tmp
 @pytest.mark.slow
 def test_init_from_starts_a_distilled_student_from_another_export(tiny_config, tmp_path):
     """``checkpoint.init_from`` + ``teacher``: a draft fine-tuned towards the target from a
-    committed export (ende_draft_distill's recipe); training.json says where it came from."""
+    committed export (how a distilled draft can start); training.json says where it came from."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert (
         train.main(["--config", str(tiny_config), "--max-steps", "2", "--tracking-uri", uri]) == 0

@@ -101,9 +101,9 @@ stages:
 
 def test_recipe_trains_stages_in_order_packs_and_unpacks_byte_for_byte(tmp_path, capsys):
     # Budgets short of the defaults: a stage's budget is its wall time, and the suite's
-    # time counts (issue 23). With the suite's workers busy, the draft's first step came
-    # 2-4 s into its budget (it loads the teacher and compiles two bucket shapes first);
-    # a target budget of 8 s ran out before its first step once (three pytest workers).
+    # time counts. With the suite's workers busy, the draft's first step comes seconds
+    # into its budget (it loads the teacher and compiles two bucket shapes first), and a
+    # much shorter target budget can run out before its first step.
     path = _tiny_recipe(tmp_path, target_s=15, draft_s=25)
     returned = tmp_path / "returned"
     argv = ["run", str(path), "--out", str(tmp_path / "out"), "--return-dir", str(returned)]
