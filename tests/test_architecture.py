@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import ast
+import io
 import pathlib
 import re
+import tokenize
+from collections.abc import Iterator
 
 import pytest
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 LAYERS = ("specdec_core", "workers", "pipelines")  # lowest first
-MAX_MODULE_LINES = 500  # pipelines/ and workers/ (issue 24)
+MAX_MODULE_LINES = 500  # pipelines/ and workers/: a longer module does several jobs
 
 
 def _modules(package: str) -> list[pathlib.Path]:
@@ -60,3 +63,102 @@ def test_the_architecture_doc_names_modules_that_exist():
     named = set(re.findall(r"`((?:specdec_core|workers|pipelines)/[\w/]+\.py)`", doc))
     missing = sorted(name for name in named if not (REPO_ROOT / name).is_file())
     assert not missing, f"docs/ARCHITECTURE.md names modules that do not exist: {missing}"
+
+
+# Lab notes: history belongs to git and figures to BENCHMARKS.md, so the prose of the code
+# and configs (comments, docstrings, YAML comments) names no date, issue or stop number
+# and no commit.
+LAB_NOTE_DIRS = ("specdec_core", "workers", "pipelines", "configs")
+LAB_NOTES = {
+    "a date": re.compile(r"\b\d{4}-\d{2}-\d{2}\b"),
+    "an issue or stop reference": re.compile(r"\b(?:issue|stop)\s+#?\d+", re.IGNORECASE),
+    # 7-40 hex digits, at least one letter and one digit: an abbreviated or full commit
+    "a commit hash": re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b"),
+}
+
+
+def _prose(path: pathlib.Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a file's prose: a Python module's comments and docstrings,
+    a YAML file's comments. Code and data (string literals, YAML values) are left out."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".py":
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type == tokenize.COMMENT:
+                yield token.start[0], token.string
+        documented = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+        for node in ast.walk(ast.parse(text, filename=str(path))):
+            if isinstance(node, documented) and (doc := ast.get_docstring(node, clean=False)):
+                for offset, line in enumerate(doc.splitlines()):
+                    yield node.body[0].lineno + offset, line
+    else:
+        for number, line in enumerate(text.splitlines(), start=1):
+            if comment := re.search(r"(?:^|\s)#(.*)", line):
+                yield number, comment.group(1)
+
+
+def _lab_notes(path: pathlib.Path) -> list[tuple[int, str, str]]:
+    """(line number, kind, the text found) of each lab note in ``path``'s prose."""
+    return [
+        (number, kind, found.group(0))
+        for number, line in _prose(path)
+        for kind, pattern in LAB_NOTES.items()
+        if (found := pattern.search(line))
+    ]
+
+
+def test_code_and_configs_carry_no_lab_notes():
+    paths = sorted(
+        path
+        for folder in LAB_NOTE_DIRS
+        for path in (REPO_ROOT / folder).rglob("*")
+        if path.suffix in (".py", ".yaml", ".yml")
+    )
+    found = [
+        f"{path.relative_to(REPO_ROOT)}:{number}: {kind} ({text!r})"
+        for path in paths
+        for number, kind, text in _lab_notes(path)
+    ]
+    assert len(paths) > 100, "the check reads the code and configs"
+    assert not found, (
+        "lab notes in comments or docstrings (history is git's; a figure's place is "
+        "BENCHMARKS.md, which a comment may name):\n" + "\n".join(found)
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        ("m.py", "x = 1  # since 2026-12-06\n", [(1, "a date", "2026-12-06")]),
+        (
+            "m.py",
+            'import os\n\n\ndef f():\n    """As CI of Stop 43 showed."""\n',
+            [(5, "an issue or stop reference", "Stop 43")],
+        ),
+        (
+            "m.py",
+            '"""The model.\n\nFixed in b252b85 (issue 21 item 4)."""\n',
+            [(3, "an issue or stop reference", "issue 21"), (3, "a commit hash", "b252b85")],
+        ),
+        ("c.yaml", "# the run of 2026-12-04\nalpha: 0.39\n", [(1, "a date", "2026-12-04")]),
+        (
+            "c.yaml",
+            "alpha: 0.391  # measured at 3dd3529f\n",
+            [(1, "a commit hash", "3dd3529f")],
+        ),
+    ],
+)
+def test_the_lab_note_check_finds_each_kind(tmp_path, name, text, expected):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    assert _lab_notes(path) == expected
+
+
+def test_the_lab_note_check_reads_prose_only(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text(
+        'MASK = 0xdeadbeef1\nSHA = "3f2a9c1d0e"\nWHEN = "2026-12-06"  # 16 rows, bfloat16\n'
+        'ISSUE = "issue 21"\n'
+    )
+    config = tmp_path / "c.yaml"
+    config.write_text('sha256: 3f2a9c1d0e7b\nissue: 21\nwhen: "2026-12-06"  # a deadbeef\n')
+    assert _lab_notes(module) == [] and _lab_notes(config) == []
