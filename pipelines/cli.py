@@ -18,10 +18,12 @@ Subcommands:
   log-run    logs the MLflow run of a job that ran while MLflow was unavailable
 
 Arguments after a lone ``--`` go to Beam as pipeline options
-(``specdec translate ... -- --runner=DirectRunner``). User errors (missing file,
-unknown model, bad config key, bad value) print one ``specdec: error:`` line and exit
-with status 2; ``SPECDEC_DEBUG=1`` shows the traceback instead. The job commands'
-exit statuses are :data:`EXIT_CODES`.
+(``specdec translate ... -- --runner=DirectRunner``). A command prints its own lines
+only: the log lines and warnings of the libraries it uses go to ``runs/<command>.log``,
+and ``specdec --verbose`` shows them instead (:mod:`pipelines.log_setup`). User errors
+(missing file, unknown model, bad config key, bad value) print one ``specdec: error:``
+line and exit with status 2; ``SPECDEC_DEBUG=1`` shows the traceback instead. The job
+commands' exit statuses are :data:`EXIT_CODES`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,13 @@ from pipelines.compile_cache import DEFAULT_COMPILE_CACHE as DEFAULT_COMPILE_CAC
 from pipelines.compile_cache import compile_cache_environment as compile_cache_environment
 from pipelines.compile_cache import compile_cache_settings as compile_cache_settings
 from pipelines.compile_cache import enable_compile_cache
+from pipelines.log_setup import (
+    LOG_DIR_ENV,
+    VERBOSE_ENV,
+    VERBOSE_FLAG,
+    configure_from_argv,
+    split_verbose,
+)
 from pipelines.model_resolver import DEFAULT_GAMMA
 from pipelines.record_io import JobFailed, PartitionError
 from workers.spec import (
@@ -277,7 +286,20 @@ def build_parser() -> argparse.ArgumentParser:
          study, study.command),  # study.run is the study job itself
     )  # fmt: skip
 
-    parser = argparse.ArgumentParser(prog="specdec", description="Speculative decoding jobs.")
+    parser = argparse.ArgumentParser(
+        prog="specdec",
+        description="Speculative decoding jobs. Each command prints its own lines only: the "
+        "log lines and warnings of the libraries it uses (Beam, Ray, MLflow, JAX, absl, "
+        "TensorFlow) go to runs/<command>.log, rewritten by each run (another folder: "
+        f"{LOG_DIR_ENV}=DIR), and their native and Ray workers' logging is turned down.",
+    )
+    parser.add_argument(
+        VERBOSE_FLAG,
+        action="store_true",
+        help="show the libraries' log lines and warnings on stderr, and Ray's workers' "
+        f"output, instead of writing them to runs/<command>.log (also {VERBOSE_ENV}=1; "
+        "accepted among a command's flags too)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for kind in (translate.TRANSLATE, translate.SUMMARIZE):
         job = sub.add_parser(
@@ -287,7 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
             "(default: the in-process FnApiRunner). Models: a configs/models name, a model "
             "YAML path, or (with --allow-random-init) a registry preset[:key=value,...]. "
             "A killed job resumes when rerun with the same flags (finished records are kept "
-            "in <output>.parts/). " + _exit_codes_epilog() + ".",
+            "in <output>.parts/). The libraries' log lines go to runs/<command>.log "
+            "(--verbose: to stderr). " + _exit_codes_epilog() + ".",
         )
         _add_job_arguments(job, kind)
     for name, help_text, module, run in subcommands:
@@ -308,7 +331,7 @@ def _split_beam_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs one subcommand; returns the exit status (2 for usage and input errors)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv, _ = split_verbose(list(sys.argv[1:] if argv is None else argv))  # see entry()
     own, beam_args = (
         _split_beam_args(argv) if argv[:1] in (["translate"], ["summarize"]) else (argv, [])
     )
@@ -348,7 +371,7 @@ def entry() -> None:
     objects one by one) took 2–4 s after every job on this machine (BENCHMARKS.md
     "A fast start"). The exit status is :func:`main`'s either way.
     """
-    argv = sys.argv[1:]
+    argv = configure_from_argv(sys.argv[1:])  # done already when it came through launch
     code = main(argv)
     if argv[:1] and argv[0] in JOB_COMMANDS:
         import atexit

@@ -70,9 +70,13 @@ def take_early_ray() -> Background | None:
 
 
 def entry() -> None:
-    """The ``specdec`` console script: Ray's start where the command will use it, then
-    :func:`pipelines.cli.entry`."""
+    """The ``specdec`` console script: where log lines go (:mod:`pipelines.log_setup`),
+    Ray's start where the command will use it, then :func:`pipelines.cli.entry`."""
     global _EARLY
+    from pipelines import log_setup
+
+    # before Ray, JAX, Beam and MLflow are imported: they read their settings once
+    sys.argv[1:] = log_setup.configure_from_argv(sys.argv[1:])
     _EARLY = start_early_ray(sys.argv[1:])
     from pipelines import cli
 

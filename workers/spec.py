@@ -4,6 +4,7 @@ instance a job starts."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -138,7 +139,18 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> bo
     # Ray starts workers at nice 15; its own daemons and the driver then preempt the
     # model compute at every wake-up. The workers are this job's work: normal priority.
     os.environ.setdefault("RAY_worker_niceness", "0")
-    kwargs = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    # Ray's import gives the "ray" logger a stderr handler and cuts it off from the root
+    # logger; ray.init drops that handler (configure_logging=False), and this sends its
+    # records where the process's others go (the CLI's choice: pipelines.log_setup)
+    logging.getLogger("ray").propagate = True
+    kwargs = {
+        "include_dashboard": False,
+        # the workers' output (their libraries' warnings) stays in Ray's session logs,
+        # unless specdec --verbose asked for it (pipelines.log_setup)
+        "log_to_driver": os.environ.get("SPECDEC_VERBOSE", "") not in ("", "0"),
+        # Ray's loggers keep no handler of their own: the CLI decides where they go
+        "configure_logging": False,
+    }
     if address:
         ray.init(address=address, **kwargs)
         return False
