@@ -89,7 +89,7 @@ def _gamma(text: str) -> int | str:
 
 
 def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
-    """The flags of translate/summarize (the CLI contract of issue 5)."""
+    """The flags of translate/summarize: the job CLI's contract."""
     add = parser.add_argument
     add(
         "--input", required=True, help="text, TSV (source<TAB>reference), JSONL or seqio:TASK:SPLIT"
