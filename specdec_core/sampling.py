@@ -47,8 +47,10 @@ class SamplingConfig:
 
     @property
     def invariant(self) -> bool:
-        """Tokens are Gumbel-max samples keyed by position (``rule="invariant"``)."""
-        return self.rule == "invariant"
+        """Tokens are Gumbel-max samples keyed by position (``rule="invariant"`` at a
+        temperature above 0). At T = 0 both rules are the target's argmax, drawn without
+        noise."""
+        return self.rule == "invariant" and not self.greedy
 
 
 GREEDY = SamplingConfig(temperature=0.0)
