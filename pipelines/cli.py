@@ -128,11 +128,12 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
     add(
         "--sampling",
         choices=SAMPLING_RULES,
-        default="paper",
-        help="paper: the paper's accept/reject rule (the most drafts accepted; a seed fixes "
-        "the outputs for a given γ path); invariant: every token is the target's own seeded "
-        "sample at its position, so outputs equal the target alone's at any temperature, "
-        "whatever the draft, γ, batch or placement (fewer drafts accepted)",
+        default="invariant",
+        help="invariant (default): every token is the target's own seeded sample at its "
+        "position, so a seed fixes the outputs and they equal the target alone's at any "
+        "temperature, whatever the draft, γ, --gamma auto's choices, batch, placement or "
+        "restarts; paper: the paper's accept/reject rule (a few more drafts accepted; at "
+        "T > 0 a seed fixes the outputs only at a fixed --gamma). At T = 0 both are greedy",
     )
     add("--seed", type=int, default=0, help="job seed (with the record id it fixes every draw)")
     add("--batch-size", type=_ranged(int, "--batch-size", low=1), default=1)
@@ -368,8 +369,8 @@ def entry() -> None:
     written its outputs, summary and MLflow run, the exit handlers run (Ray's shutdown of
     its local instance, MLflow's, logging's), stdout and stderr are flushed, and the
     process ends with ``os._exit``. The teardown it skips (freeing JAX's and Ray's
-    objects one by one) took 2–4 s after every job on this machine (BENCHMARKS.md
-    "A fast start"). The exit status is :func:`main`'s either way.
+    objects one by one) costs seconds at the end of every job (BENCHMARKS.md
+    "Start-up"). The exit status is :func:`main`'s either way.
     """
     argv = configure_from_argv(sys.argv[1:])  # done already when it came through launch
     code = main(argv)

@@ -336,8 +336,8 @@ def _start_ray(job: JobConfig) -> Background | None:
 def _stop_ray(ray_start: Background | None) -> Background | None:
     """Shuts down the local Ray instance that this job started (none it joined), in the
     background: the job is done with Ray once the cost probe has timed the workers'
-    models, and Ray's shutdown (1-2 s, most of it waiting on its daemons to exit)
-    overlaps the report and the MLflow logging instead of delaying the process's exit."""
+    models, and Ray's shutdown (mostly waiting on its daemons to exit) overlaps the report
+    and the MLflow logging instead of delaying the process's exit."""
     if ray_start is None or not ray_start.done() or not ray_start.wait():
         return None
     import ray
@@ -410,7 +410,7 @@ def make_job(
     temperature: float = 0.0,
     top_k: int = 0,
     top_p: float = 1.0,
-    sampling_rule: str = "paper",
+    sampling_rule: str = "invariant",
     seed: int = 0,
     batch_size: int = 1,
     max_new_tokens: int | None = None,

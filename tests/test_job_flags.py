@@ -233,8 +233,11 @@ def test_sampling_invariant_outputs_are_the_target_alones_for_any_draft(
         assert all(row["matches_baseline"] for row in run.rows.values())
     assert _tokens(runs[0]) == _tokens(runs[1])
     assert _mlflow_params(runs[0])["sampling_rule"] == "invariant"
-    # the paper's rule samples other tokens from the same seed
-    assert _tokens(job(*flags, temperature=temperature)) != _tokens(runs[0])
+    # the default rule is the invariant one; the paper's samples other tokens from the seed
+    assert _tokens(job(*flags, temperature=temperature)) == _tokens(runs[0])
+    paper = job("--sampling", "paper", *flags, temperature=temperature)
+    assert _tokens(paper) != _tokens(runs[0])
+    assert _mlflow_params(paper)["sampling_rule"] == "paper"
 
 
 @pytest.mark.slow
