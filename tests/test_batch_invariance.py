@@ -1,8 +1,9 @@
 """A record's translation does not depend on its batch: the shipped target's logits for
 a sentence are the same bits alone and beside the other sentences a job batches with it
 (one length bucket, sources of different lengths, padding rows), fed one token per call
-or many, in caches of other lengths (``tests/shipped_rows.py``). Greedy output, and a
-seeded sample under ``--sampling invariant``, are then the same at any batch size.
+or many, in caches of other lengths (``tests/shipped_rows.py``), for the sample's largest
+bucket (32-token sources). Not every source holds it yet: BENCHMARKS.md, "Same bits for
+every call", names a 13-token source whose encoder output changes with the batch size.
 
 It runs in a fresh process compiled as a job compiles: XLA picks its CPU kernels per
 program, and the rest of the suite compiles with optimisation off (``tests/conftest.py``).
