@@ -23,3 +23,7 @@ Glossary (the same words mean the same thing in every module of this project):
 Layers: ``pipelines → workers → specdec_core``; this package imports neither Ray, Beam
 nor MLflow.
 """
+
+from specdec_core import xla_flags as _xla_flags
+
+_xla_flags.ensure()  # before JAX's CPU backend starts: a row's bits must not depend on its batch

@@ -1,5 +1,6 @@
 """Run as ``python -m tests.shipped_rows``: the shipped target's logits for a sentence,
-alone, against the same sentence beside other sentences of its length bucket, as a job
+alone, against the same sentence beside other sentences of its length bucket (every
+bucket of the sample with two sentences or more), as a job
 batches them (``workers.batching.pack``: every row padded to the bucket's width, padding
 rows a lone EOS), fed one token per call or many, in caches of other lengths. Prints one
 line per comparison, ``same`` or ``DIFFERENT`` with the largest difference, and exits 1
@@ -20,22 +21,30 @@ from pipelines import model_resolver, text
 from pipelines.cli import REPO_ROOT
 from workers.batching import DecodeSettings, Request, pack
 
-SAMPLE = REPO_ROOT / "assets" / "samples" / "en_de_debian_sample.tsv"
+# make run's sample, and sixteen test-split sentences a job batched together, the first
+# of which once got other bits from the encoder beside the others than alone
+SOURCES = (
+    REPO_ROOT / "assets" / "samples" / "en_de_debian_sample.tsv",
+    REPO_ROOT / "tests" / "data" / "test_split_bucket16.tsv",
+)
 TARGET = "ende_target_debian"
 FED = 12  # teacher-forced decoder tokens (the reference's first pieces)
 
 
-def _bucket_rows(processor) -> list[tuple[tuple[int, ...], list[int]]]:
-    """(encoder tokens, decoder tokens) of the sample's largest length bucket: sources of
-    different lengths that a job puts in one batch."""
-    buckets = collections.defaultdict(list)
-    for line in SAMPLE.read_text(encoding="utf-8").splitlines():
-        english, german = line.split("\t")[:2]
-        source = text.encode(processor, text.TRANSLATE_PREFIX, english)
-        decoder = [0, *processor.encode(german)][:FED]
-        if len(decoder) == FED:
+def _buckets(processor) -> list[list[tuple[tuple[int, ...], list[int]]]]:
+    """(encoder tokens, decoder tokens) of each source file's sentences, one list per
+    length bucket with at least two: sources of different lengths that a job puts in one
+    batch. The decoder is fed the reference's pieces (EOS after them)."""
+    found = []
+    for path in SOURCES:
+        buckets = collections.defaultdict(list)
+        for line in path.read_text(encoding="utf-8").splitlines():
+            english, german = line.split("\t")[:2]
+            source = text.encode(processor, text.TRANSLATE_PREFIX, english)
+            decoder = ([0, *processor.encode(german)] + [text.EOS_ID] * FED)[:FED]
             buckets[-(-len(source) // 16)].append((source, decoder))
-    return max(buckets.values(), key=len)
+        found += [rows for _, rows in sorted(buckets.items()) if len(rows) >= 2]
+    return found
 
 
 def _logits(model, rows, batch_size: int, chunk: int, cache_len: int) -> np.ndarray:
@@ -59,21 +68,21 @@ def _logits(model, rows, batch_size: int, chunk: int, cache_len: int) -> np.ndar
 def main() -> int:
     resolved = model_resolver.resolve_model(TARGET, role="target")
     model = resolved.spec.load()
-    rows = _bucket_rows(text.sentencepiece(resolved.vocab_path))
     different = 0
-    for first in range(min(3, len(rows))):
-        ordered = [rows[first], *rows[:first], *rows[first + 1 :]]
-        alone = _logits(model, ordered[:1], 1, 1, 128)
-        for batch, chunk, cache_len in ((4, FED, 128), (16, 4, 64), (16, 1, 128)):
-            got = _logits(model, ordered[:batch], batch, chunk, cache_len)
-            gap = float(np.max(np.abs(got - alone)))
-            same = np.array_equal(got, alone)
-            different += not same
-            print(
-                f"row of {len(ordered[0][0])} source tokens beside {min(batch, len(ordered)) - 1}"
-                f" (batch {batch}, {chunk} per call, cache {cache_len}): "
-                + ("same" if same else f"DIFFERENT (max |Δ| {gap:.3g})")
-            )
+    for rows in _buckets(text.sentencepiece(resolved.vocab_path)):
+        for first in range(min(2, len(rows))):
+            ordered = [rows[first], *rows[:first], *rows[first + 1 :]]
+            alone = _logits(model, ordered[:1], 1, 1, 128)
+            for batch, chunk, cache_len in ((4, FED, 128), (16, 4, 64), (16, 1, 128)):
+                got = _logits(model, ordered[:batch], batch, chunk, cache_len)
+                same = np.array_equal(got, alone)
+                different += not same
+                gap = float(np.max(np.abs(got - alone)))
+                print(
+                    f"row of {len(ordered[0][0])} source tokens beside "
+                    f"{min(batch, len(ordered)) - 1} (batch {batch}, {chunk} per call, "
+                    f"cache {cache_len}): " + ("same" if same else f"DIFFERENT (max |Δ| {gap:.3g})")
+                )
     return 1 if different else 0
 
 
