@@ -214,7 +214,7 @@ def test_greedy_output_equals_the_target_alone(t5_target, backoff, compiled):
     model = (
         bound.load_model("draft", "t5", T5_CONFIG, init_seed=1) if backoff else None
     )  # a random draft: it rarely agrees, so the copy's share of acceptances shows
-    draft = prompt_lookup.bind("copy", config, model)
+    draft = bound.bind("copy", prompt_lookup.FAMILY, config, model)
     settings = DecodeSettings(gamma=3, max_new_tokens=24, batch_size=4, eos_id=1)
     engine = InProcessEngine(t5_target, draft, settings, compiled=compiled)
     requests = _t5_requests(4)

@@ -21,9 +21,12 @@ Every cache is a ``flax.struct.dataclass`` with at least a field
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 import jax
+import numpy as np
 
 Cache = TypeVar("Cache")
 
@@ -58,3 +61,30 @@ def source_width(length: int) -> int:
     if length < 0:
         raise ValueError(f"a source length is >= 0, got {length}")
     return max(SOURCE_WIDTH_MIN, 1 << max(length - 1, 0).bit_length())
+
+
+# ----------------------------------------------------------------- a bound model
+
+
+@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
+class BoundModel:
+    """A model with its params bound, as decoding loops and workers hold it: ``forward``
+    (the contract above) and ``new_cache`` (an empty cache for a batch, running the
+    encoder once for encoder-decoder models). It compares and hashes by identity, and so
+    does its ``forward``: compiled steps are cached per model object, so keep one per
+    model for the life of a job. :mod:`specdec_core.models.bound` builds them."""
+
+    name: str
+    family: str  # a name in specdec_core.models.families
+    config: Any  # the family's config class (T5Config, DecoderConfig, ...)
+    params: Any
+    forward: Forward  # (cache, tokens [B, K]) -> (logits [B, K, V], cache)
+    # (encoder_tokens [B, S] int32 or None, batch_size, max_len) -> empty cache
+    new_cache: Callable[[Any, int, int], Any]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    def param_count(self) -> int:
+        return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(self.params))

@@ -15,36 +15,13 @@ compiled steps of :mod:`specdec_core.decoding` are cached per model object, so k
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from typing import Any
 
 import jax
-import numpy as np
 
 from specdec_core.models import families
-from specdec_core.models.api import Forward
+from specdec_core.models.api import BoundModel
 
-
-@dataclasses.dataclass(frozen=True, eq=False, kw_only=True)
-class BoundModel:
-    name: str
-    family: str  # a name in specdec_core.models.families
-    config: Any  # the family's config class (T5Config, DecoderConfig, ...)
-    params: Any
-    forward: Forward  # (cache, tokens [B, K]) -> (logits [B, K, V], cache)
-    # (encoder_tokens [B, S] int32 or None, batch_size, max_len) -> empty cache
-    new_cache: Callable[[Any, int, int], Any]
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    @property
-    def is_encoder_decoder(self) -> bool:
-        return families.get(self.family).is_encoder_decoder
-
-    def param_count(self) -> int:
-        return sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(self.params))
+__all__ = ["BoundModel", "bind", "load_model", "on_mesh"]
 
 
 def bind(name: str, family: str, config, params) -> BoundModel:

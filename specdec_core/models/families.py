@@ -32,16 +32,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from specdec_core.models import api, decoder, layers, ngram, prompt_lookup, t5
-from specdec_core.models.api import Forward
-
-if TYPE_CHECKING:
-    from specdec_core.models.bound import BoundModel
+from specdec_core.models.api import BoundModel, Forward
 
 # (encoder_tokens [B, S] int32 or None, batch_size, max_len) -> an empty cache
 NewCache = Callable[[Any, int, int], Any]
@@ -78,8 +75,6 @@ class Family:
     def bind(self, name: str, config, params) -> BoundModel:
         """``params`` bound to this family's forward and cache constructor. For the copy
         draft ``params`` is its backoff BoundModel (or None)."""
-        from specdec_core.models.bound import BoundModel
-
         # a decode's weights: as held, or prepared for the config's matmul_dtype
         served = params
         if self.weights == "checkpoint":

@@ -291,18 +291,3 @@ def cache_constructor(name: str, config: PromptLookupConfig, backoff=None):
         return CopyThenModelCache(copy=copy, model=model, lengths=copy.lengths)
 
     return new_composite_cache
-
-
-def bind(name: str, config: PromptLookupConfig, backoff=None):
-    """A :class:`~specdec_core.models.bound.BoundModel` for the copy draft; with
-    ``backoff`` (a BoundModel of the same vocabulary), the composite."""
-    from specdec_core.models import families
-
-    return families.get(FAMILY).bind(name, config, backoff)
-
-
-def load(name: str, config: PromptLookupConfig):
-    """The copy draft of ``config``, loading its backoff draft (if any) first."""
-    from specdec_core.models import families
-
-    return families.get(FAMILY).load(name, config)
