@@ -65,7 +65,8 @@ from pipelines.cli import enable_compile_cache
 from specdec_core import checkpoints, theory
 from specdec_core.sampling import GREEDY
 from workers.batching import DecodeSettings, Request
-from workers.engine import EngineConfig, build_engine
+from workers.engine import EngineConfig
+from workers.engines import build_engine
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "assets" / "samples" / "en_de_debian_sample.tsv"

@@ -28,7 +28,8 @@ from apache_beam.metrics.metric import MetricsFilter
 from pipelines import record_io, text
 from pipelines.beam_inference import ModelHandler
 from workers.batching import DecodeSettings, Generation, Request
-from workers.engine import EngineConfig, build_engine
+from workers.engine import EngineConfig
+from workers.engines import build_engine
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -237,7 +238,7 @@ class SpeculativeModelHandler(ModelHandler):
     """RunInference handler: the "model" is an engine; a batch is a list of Tokenized.
 
     ``load_model`` builds the engine that ``engine`` describes (Ray actors or in-process,
-    :func:`workers.engine.build_engine`), registered under ``job_id`` so that the job
+    :func:`workers.engines.build_engine`), registered under ``job_id`` so that the job
     closes it, and wrapped in a :class:`MeteredEngine` that reports its traffic as Beam
     metrics after every batch. ``run_inference`` returns one :class:`Decoded` per
     record, or a dead letter for a record the engine failed on (a failed batch is

@@ -367,7 +367,8 @@ def test_the_newest_finished_run_of_the_same_job_gives_the_prior(tmp_path):
 
 def test_a_drafts_config_gives_auto_gamma_its_prior(tmp_path):
     from pipelines import configs, model_resolver
-    from workers.engine import EngineConfig, build_engine
+    from workers.engine import EngineConfig
+    from workers.engines import build_engine
 
     draft = model_resolver.resolve_model("ende_draft_debian_seq2", role="draft").spec
     assert draft.gamma_prior == GammaPrior(

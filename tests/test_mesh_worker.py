@@ -20,7 +20,8 @@ from specdec_core import checkpoints
 from specdec_core.models import t5
 from specdec_core.sampling import SamplingConfig
 from workers.batching import DecodeSettings, Request
-from workers.engine import EngineConfig, build_engine, check_models
+from workers.engine import EngineConfig, check_models
+from workers.engines import build_engine
 from workers.spec import ModelSpec, Placement
 
 VOCAB = 64

@@ -2,7 +2,8 @@
 
 :class:`EngineConfig` says how a job's engine runs (in-process or on Ray, where the
 draft lives, how the loop's calls travel, the Ray cluster, fixed γ or ``auto``); it is
-validated once, when it is built, and :func:`build_engine` turns it into an engine.
+validated once, when it is built, and :func:`workers.engines.build_engine` turns it into
+an engine.
 Two implementations of one interface (``generate`` speculative, ``generate_baseline``
 target alone, ``close``):
 
@@ -105,35 +106,6 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def build_engine(
-    config: EngineConfig,
-    *,
-    target: ModelSpec,
-    draft: ModelSpec,
-    settings: DecodeSettings,
-    batches: int | None = None,
-):
-    """The engine ``config`` describes over two ModelSpecs. With ``gamma="auto"`` an
-    :class:`workers.gamma.AdaptiveGamma` (starting from the draft's ``gamma_prior``, if
-    its config has one) chooses γ per batch in 0..``settings.gamma`` (``batches``: how
-    many the job has, where known, so that it compiles no loop the job cannot earn back)."""
-    check_models(config, target=target, draft=draft)
-    policy = None
-    if config.adaptive:
-        from workers.gamma import AdaptiveGamma
-
-        policy = AdaptiveGamma(settings.gamma, prior=draft.gamma_prior, batches=batches)
-    elif config.target_alone:
-        from workers.gamma import TargetAlone
-
-        policy = TargetAlone()
-    if config.kind == "ray":
-        from workers.ray_engine import RayEngine
-
-        return RayEngine(target, draft, settings, config=config, gamma_policy=policy)
-    return InProcessEngine(_bound_model(target), _bound_model(draft), settings, gamma_policy=policy)
-
-
 def check_models(config: EngineConfig, *, target: ModelSpec, draft: ModelSpec) -> None:
     """A model with a ``mesh`` runs in a Ray worker of its own: in-process, both models
     share one process and one compiled loop. Raises ValueError naming the model."""
@@ -161,7 +133,7 @@ def _cached_model(spec: ModelSpec, version: int | None) -> BoundModel:
     return spec.load()
 
 
-def _bound_model(spec: ModelSpec) -> BoundModel:
+def bound_model(spec: ModelSpec) -> BoundModel:
     """One BoundModel per spec (and checkpoint version) per process: compiled steps are
     cached per model object, so repeated in-process jobs (tests, notebooks) do not
     recompile."""
@@ -171,11 +143,11 @@ def _bound_model(spec: ModelSpec) -> BoundModel:
 def load_models(*specs: ModelSpec) -> list[BoundModel]:
     """Each spec's BoundModel, loaded into this process's model cache (which
     :func:`measure_step_costs` and in-process engines read)."""
-    return [_bound_model(spec) for spec in specs]
+    return [bound_model(spec) for spec in specs]
 
 
 def clear_model_cache() -> None:
-    """Forgets the BoundModels built in this process (:func:`_bound_model`)."""
+    """Forgets the BoundModels built in this process (:func:`bound_model`)."""
     _cached_model.cache_clear()
 
 
@@ -196,7 +168,7 @@ def measure_step_costs(
     not those of the workers' devices, which :meth:`workers.ray_engine.RayEngine.step_costs`
     gives while the workers run)."""
     return probe_costs(
-        _bound_model(target), _bound_model(draft), settings, request, ks=ks, repeats=repeats
+        bound_model(target), bound_model(draft), settings, request, ks=ks, repeats=repeats
     )
 
 
