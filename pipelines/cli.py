@@ -23,7 +23,7 @@ only: the log lines and warnings of the libraries it uses go to ``runs/<command>
 and ``specdec --verbose`` shows them instead (:mod:`pipelines.log_setup`). User errors
 (missing file, unknown model, bad config key, bad value) print one ``specdec: error:``
 line and exit with status 2; ``SPECDEC_DEBUG=1`` shows the traceback instead. The job
-commands' exit statuses are :data:`EXIT_CODES`.
+commands' exit statuses are :data:`pipelines.exit_codes.EXIT_CODES`.
 """
 
 from __future__ import annotations
@@ -39,6 +39,11 @@ from pipelines.compile_cache import DEFAULT_COMPILE_CACHE as DEFAULT_COMPILE_CAC
 from pipelines.compile_cache import compile_cache_environment as compile_cache_environment
 from pipelines.compile_cache import compile_cache_settings as compile_cache_settings
 from pipelines.compile_cache import enable_compile_cache
+from pipelines.exit_codes import EXIT_CANNOT_START as EXIT_CANNOT_START
+from pipelines.exit_codes import EXIT_CODES as EXIT_CODES
+from pipelines.exit_codes import EXIT_DEAD_LETTERS as EXIT_DEAD_LETTERS
+from pipelines.exit_codes import EXIT_FAILED as EXIT_FAILED
+from pipelines.exit_codes import EXIT_OK as EXIT_OK
 from pipelines.log_setup import (
     LOG_DIR_ENV,
     VERBOSE_ENV,
@@ -60,21 +65,6 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 # --sampling: specdec_core.sampling.RULES, named here so that parsing the flags imports
 # no JAX (tests/test_invariant_sampling.py checks that the two agree)
 SAMPLING_RULES = ("paper", "invariant")
-
-# Exit statuses of the job commands (translate, summarize).
-EXIT_OK = 0  # every record came out
-EXIT_FAILED = 1  # the job started but did not finish, or lost a record (a bug)
-EXIT_CANNOT_START = 2  # bad flags or config, missing checkpoint, unreadable input
-EXIT_DEAD_LETTERS = 3  # the job finished, but some records went to the dead letters
-EXIT_CODES = {
-    EXIT_OK: "every record came out",
-    EXIT_FAILED: "the job failed after it started (finished records are kept: rerun to "
-    "continue), or a record was lost",
-    EXIT_CANNOT_START: "the job could not start: bad flags or config, missing checkpoint, "
-    "unreadable input",
-    EXIT_DEAD_LETTERS: "the job finished, but some records went to the dead letters (the "
-    "summary counts them per reason)",
-}
 
 
 def _gamma(text: str) -> int | str:

@@ -36,7 +36,7 @@ from pipelines import part_files, record_io
 from workers.batching import DecodeSettings
 
 if TYPE_CHECKING:
-    from pipelines.translate import JobConfig
+    from pipelines.job_config import JobConfig
 
 # ------------------------------------------------------------------------ summary
 

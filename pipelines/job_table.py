@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from pipelines.job_report import draft_name
 
 if TYPE_CHECKING:
-    from pipelines.translate import JobConfig
+    from pipelines.job_config import JobConfig
 
 
 def _step_costs_line(costs: dict | None) -> str:

@@ -1,89 +1,30 @@
-"""The ``specdec`` console script's first step: a job that will run on Ray starts Ray
-before the CLI imports JAX, Beam and MLflow.
+"""The ``specdec`` console script's first steps: where log lines go
+(:mod:`pipelines.log_setup`), and for a job that will run on Ray, Ray's start before the
+CLI imports JAX, Beam and MLflow (:mod:`pipelines.early_ray`).
 
 A job's start on a small machine is CPU-bound, and Ray's local instance takes the
 longest of it (its daemons start one after another). Started here, before
 :mod:`pipelines.cli` and what it imports (JAX, flax), it starts while they import, and
-the first record comes sooner (BENCHMARKS.md "Start-up"). :func:`pipelines.translate.run_job`
-takes the instance started here (:func:`take_early_ray`) instead of starting its own.
-
-Only a ``translate`` / ``summarize`` command that will use Ray starts early: ``--workers
-ray`` (the default), an ``--input`` that exists (or a seqio task), no ``--help`` and no
-Beam options (which may ask for more engines, so more CPUs). JAX's compilation cache is
-set first: the actors that Ray's daemons start read it from their environment.
+the first record comes sooner (BENCHMARKS.md "Start-up").
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
-
-from workers.background import Background
-
-EARLY_NAME = "ray-early-start"  # its thread's name (Background.name)
-_EARLY: Background | None = None  # Ray's start begun by entry(), until a job takes it
-
-
-def early_ray_address(argv: list[str]) -> tuple[bool, str | None]:
-    """Whether the command ``argv`` (without the program name) should start Ray before
-    the CLI's imports, and the ``--ray-address`` it names (None: a local instance)."""
-    if argv[:1] not in (["translate"], ["summarize"]) or "--" in argv:
-        return False, None
-    parser = argparse.ArgumentParser(add_help=False)
-    parser.add_argument("--workers", default="ray")
-    parser.add_argument("--input")
-    parser.add_argument("--ray-address")
-    parser.add_argument("-h", "--help", action="store_true")
-    flags, _ = parser.parse_known_args(argv[1:])
-    source = flags.input or ""
-    wanted = (
-        flags.workers == "ray"
-        and not flags.help
-        and (source.startswith("seqio:") or os.path.isfile(source))
-    )
-    return wanted, flags.ray_address
-
-
-def start_early_ray(argv: list[str]) -> Background | None:
-    """Ray's start (:func:`workers.spec.ensure_ray`) in a background thread for a job
-    command that will use it (:func:`early_ray_address`); None for any other command."""
-    wanted, address = early_ray_address(argv)
-    if not wanted:
-        return None
-    from pipelines.compile_cache import enable_compile_cache
-    from workers.spec import ensure_ray, ray_cpus
-
-    enable_compile_cache()
-    return Background(
-        lambda: ensure_ray(address, num_cpus=ray_cpus()),
-        name=EARLY_NAME,
-        hold=lambda started_local: started_local,
-    )
-
-
-def take_early_ray() -> Background | None:
-    """The Ray start that :func:`entry` began (once; None when it began none)."""
-    global _EARLY
-    early, _EARLY = _EARLY, None
-    return early
 
 
 def entry() -> None:
     """The ``specdec`` console script: where log lines go (:mod:`pipelines.log_setup`),
     Ray's start where the command will use it, then :func:`pipelines.cli.entry`."""
-    global _EARLY
-    from pipelines import log_setup
+    from pipelines import early_ray, log_setup
 
     # before Ray, JAX, Beam and MLflow are imported: they read their settings once
     sys.argv[1:] = log_setup.configure_from_argv(sys.argv[1:])
-    _EARLY = start_early_ray(sys.argv[1:])
+    early_ray.begin(sys.argv[1:])
     from pipelines import cli
 
     cli.entry()
 
 
-if __name__ == "__main__":  # python -m pipelines.launch: the state lives in the module
-    from pipelines import launch
-
-    launch.entry()
+if __name__ == "__main__":  # python -m pipelines.launch
+    entry()

@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Logs the saved run; returns the exit status."""
     from pipelines import job_report, tracking
-    from pipelines.cli import EXIT_FAILED, EXIT_OK
+    from pipelines.exit_codes import EXIT_FAILED, EXIT_OK
 
     job_report.read_saved_run(args.summary_json)  # a bad summary: ValueError, exit 2
     try:

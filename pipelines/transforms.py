@@ -18,7 +18,7 @@ from pipelines.beam_inference import RunInference
 from pipelines.inference import Decoded, SpeculativeModelHandler, Tokenized
 
 if TYPE_CHECKING:
-    from pipelines.translate import JobConfig
+    from pipelines.job_config import JobConfig
 
 DEAD = "dead"  # tag of the dead-letter outputs
 

@@ -7,7 +7,7 @@ import io
 import pathlib
 import re
 import tokenize
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 
@@ -162,3 +162,89 @@ def test_the_lab_note_check_reads_prose_only(tmp_path):
     config = tmp_path / "c.yaml"
     config.write_text('sha256: 3f2a9c1d0e7b\nissue: 21\nwhen: "2026-12-06"  # a deadbeef\n')
     assert _lab_notes(module) == [] and _lab_notes(config) == []
+
+
+# ------------------------------------------------------------------ import circles
+
+
+def _module_name(root: pathlib.Path, path: pathlib.Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph(root: pathlib.Path, packages: Sequence[str]) -> dict[str, set[str]]:
+    """Module -> the modules of ``packages`` it imports, at any depth of the file (inside
+    functions and ``if TYPE_CHECKING:`` too): ``from a import b`` counts as importing
+    ``a.b`` where that is a module, else ``a``."""
+    paths = {
+        _module_name(root, path): path
+        for package in packages
+        for path in _modules_in(root, package)
+    }
+    graph = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, *([node.module] if node.module else [])])
+                found.add(base)
+                found.update(f"{base}.{alias.name}" for alias in node.names)
+        graph[name] = {module for module in found if module in paths and module != name}
+    return graph
+
+
+def _modules_in(root: pathlib.Path, package: str) -> list[pathlib.Path]:
+    return sorted((root / package).rglob("*.py"))
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    circles = _circles(_import_graph(REPO_ROOT, LAYERS))
+    assert not circles, f"modules that import each other in a circle: {circles}"
+
+
+def test_the_circle_check_sees_a_circle_through_a_function_level_import(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("from pkg import b\n")
+    (package / "b.py").write_text("def f():\n    from pkg.c import g\n")
+    (package / "c.py").write_text("from . import a\n\ndef g():\n    pass\n")
+    (package / "d.py").write_text("from pkg import a\n")
+    assert _circles(_import_graph(tmp_path, ["pkg"])) == [["pkg.a", "pkg.b", "pkg.c"]]

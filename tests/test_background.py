@@ -92,7 +92,7 @@ def test_a_fresh_process_ray_job_keeps_the_instance_it_started_in_the_background
 
 
 def test_only_a_job_that_will_use_ray_starts_it_before_the_clis_imports(tmp_path):
-    from pipelines.launch import early_ray_address
+    from pipelines.early_ray import early_ray_address
 
     source = tmp_path / "in.txt"
     source.write_text("Feel at home!\n")
