@@ -88,6 +88,17 @@ def run_job(input_tsv: pathlib.Path, gamma: str, batch: int, folder: pathlib.Pat
     }
 
 
+def write_json(path: str, runs_by_cell: dict[str, list[dict]]) -> None:
+    """Every run's figures by cell, without their outputs, as JSON at ``path``."""
+    target = pathlib.Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    slim = {
+        cell: [{k: v for k, v in run.items() if k != "outputs"} for run in runs]
+        for cell, runs in runs_by_cell.items()
+    }
+    target.write_text(json.dumps(slim, indent=2))
+
+
 def _median(runs: list[dict], key: str) -> float:
     return statistics.median(run[key] for run in runs)
 
@@ -159,13 +170,7 @@ def main(argv=None) -> None:
                         flush=True,
                     )
     if args.json:
-        path = pathlib.Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        slim = {
-            f"batch {b} γ={m}": [{k: v for k, v in r.items() if k != "outputs"} for r in runs]
-            for (b, m), runs in results.items()
-        }
-        path.write_text(json.dumps(slim, indent=2))
+        write_json(args.json, {f"batch {b} γ={m}": runs for (b, m), runs in results.items()})
     print(table(results, modes, batch_sizes, records))
 
 

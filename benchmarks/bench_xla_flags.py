@@ -37,7 +37,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.bench_jobs_gamma import IN_TARGET, RAY, translate_args  # noqa: E402
-from benchmarks.bench_whole_jobs import write_input  # noqa: E402
+from benchmarks.bench_whole_jobs import write_input, write_json  # noqa: E402
 from specdec_core.xla_flags import ROW_INVARIANT_FLAGS  # noqa: E402
 
 # the variant's XLA_FLAGS: a flag of the same name as specdec_core's keeps it out
@@ -138,13 +138,7 @@ def main(argv=None) -> None:
                         flush=True,
                     )
     if args.json:
-        path = pathlib.Path(args.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        slim = {
-            f"{v}, batch {b}": [{k: x for k, x in r.items() if k != "outputs"} for r in runs]
-            for (v, b), runs in results.items()
-        }
-        path.write_text(json.dumps(slim, indent=2))
+        write_json(args.json, {f"{v}, batch {b}": runs for (v, b), runs in results.items()})
     print(table(results, records))
 
 
