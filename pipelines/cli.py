@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import os
 import pathlib
 import sys
@@ -49,6 +50,7 @@ from pipelines.log_setup import (
     VERBOSE_ENV,
     VERBOSE_FLAG,
     configure_from_argv,
+    own_lines_to_stderr,
     split_verbose,
 )
 from pipelines.model_resolver import DEFAULT_GAMMA
@@ -60,6 +62,8 @@ from workers.spec import (
     ENGINE_KINDS,
     TRANSPORTS,
 )
+
+log = logging.getLogger(__name__)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 # --sampling: specdec_core.sampling.RULES, named here so that parsing the flags imports
@@ -230,7 +234,7 @@ def _job(kind_name: str, args: argparse.Namespace) -> int:
         beam_args=tuple(args.beam_args),
         progress=not args.quiet,
     )
-    print(f"specdec {kind_name}: {job.input} -> {job.output}", file=sys.stderr, flush=True)
+    log.info("specdec %s: %s -> %s", kind_name, job.input, job.output)
     summary = translate.run_job(job)
     print(job_table.format_summary(job, summary))
     return job_exit_code(summary)
@@ -244,10 +248,11 @@ def job_exit_code(summary: dict) -> int:
     reasons = ", ".join(f"{n} {reason}" for reason, n in summary["failed_by_reason"].items())
     total = summary["records_in"]
     what = f"all {total}" if summary["records_out"] == 0 else f"{failed} of {total}"
-    print(
-        f"specdec: error: {what} records went to the dead letters ({reasons}); "
-        f"see {summary['dead_letter']}",
-        file=sys.stderr,
+    log.error(
+        "specdec: error: %s records went to the dead letters (%s); see %s",
+        what,
+        reasons,
+        summary["dead_letter"],
     )
     return EXIT_DEAD_LETTERS
 
@@ -321,7 +326,9 @@ def _split_beam_args(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs one subcommand; returns the exit status (2 for usage and input errors)."""
+    """Runs one subcommand; returns the exit status (2 for usage and input errors).
+    Its messages go through ``logging``, its loggers on stderr (the job's table on stdout)."""
+    own_lines_to_stderr()
     argv, _ = split_verbose(list(sys.argv[1:] if argv is None else argv))  # see entry()
     own, beam_args = (
         _split_beam_args(argv) if argv[:1] in (["translate"], ["summarize"]) else (argv, [])
@@ -340,12 +347,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, IsADirectoryError, PermissionError) as err:
         if os.environ.get("SPECDEC_DEBUG"):
             raise
-        print(f"specdec: error: {err}", file=sys.stderr)
+        log.error("specdec: error: %s", err)
         return EXIT_CANNOT_START
     except (PartitionError, JobFailed) as err:  # loud, and not a usage error
         if os.environ.get("SPECDEC_DEBUG"):
             raise
-        print(f"specdec: error: {err}", file=sys.stderr)
+        log.error("specdec: error: %s", err)
         return EXIT_FAILED
 
 

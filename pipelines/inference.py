@@ -15,7 +15,7 @@ docs/ARCHITECTURE.md for the job's data flow.
 from __future__ import annotations
 
 import dataclasses
-import sys
+import logging
 import threading
 import time
 import uuid
@@ -30,6 +30,8 @@ from pipelines.beam_inference import ModelHandler
 from workers.batching import DecodeSettings, Generation, Request
 from workers.engine import EngineConfig
 from workers.engines import build_engine
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -224,11 +226,7 @@ class Progress:
         now = time.monotonic()
         if self.enabled and (now - self.last >= self.every_s or self.done >= self.total):
             self.last = now
-            print(
-                f"  decoded {self.done}/{self.total} records ({now - self.start:.0f} s)",
-                file=sys.stderr,
-                flush=True,
-            )
+            log.info("  decoded %d/%d records (%.0f s)", self.done, self.total, now - self.start)
 
 
 # ------------------------------------------------------------------------ model handler
@@ -286,11 +284,11 @@ class SpeculativeModelHandler(ModelHandler):
         try:
             results = self._decode(items, model)
         except Exception as error:  # retried one by one to find the culprit
-            print(
-                f"  a batch of {len(items)} failed ({type(error).__name__}: {error}); "
-                "retrying its records one by one",
-                file=sys.stderr,
-                flush=True,
+            log.warning(
+                "  a batch of %d failed (%s: %s); retrying its records one by one",
+                len(items),
+                type(error).__name__,
+                error,
             )
             results = [self._decode_one(item, model) for item in items]
         if any(isinstance(result, Decoded) for result in results):
@@ -298,7 +296,7 @@ class SpeculativeModelHandler(ModelHandler):
         try:
             model.report()
         except Exception as error:  # figures only: never costs a decoded record
-            print(f"  could not read the engine's traffic ({error})", file=sys.stderr, flush=True)
+            log.warning("  could not read the engine's traffic (%s)", error)
         self._progress.update(len(items))
         return results
 

@@ -9,7 +9,9 @@ run is logged, 1 when MLflow is still unavailable; a bad summary is a usage erro
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
+
+log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,8 +31,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         run_id = job_report.log_saved_run(args.summary_json, tracking_uri=args.tracking_uri)
     except Exception as error:  # MLflow still unavailable
-        print(f"specdec: error: {tracking.describe_error(error)}", file=sys.stderr)
+        log.error("specdec: error: %s", tracking.describe_error(error))
         return EXIT_FAILED
     print(run_id)
-    print(f"logged MLflow run {run_id}; {args.summary_json} updated", file=sys.stderr)
+    log.info("logged MLflow run %s; %s updated", run_id, args.summary_json)
     return EXIT_OK

@@ -11,7 +11,8 @@ its defaults: their lines on stderr, and Ray's workers' output forwarded to the 
 The loggers of specdec's own packages write to stderr in either case (INFO and up, the
 bare message). The ``specdec`` console script calls :func:`configure_from_argv` first
 thing (:mod:`pipelines.launch`), before Ray, JAX, Beam or MLflow is imported;
-:func:`pipelines.cli.main` on its own changes no logging.
+:func:`pipelines.cli.main` on its own only puts specdec's own lines on stderr
+(:func:`own_lines_to_stderr`).
 """
 
 from __future__ import annotations
@@ -75,12 +76,29 @@ def log_path(command: str) -> pathlib.Path:
     return pathlib.Path(os.environ.get(LOG_DIR_ENV) or DEFAULT_LOG_DIR) / f"{command}.log"
 
 
-def _own_lines_to_stderr() -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
+class _Stderr(logging.StreamHandler):
+    """The bare message on whatever ``sys.stderr`` is when a record comes (a caller that
+    redirects it, a test that captures it, sees the lines)."""
+
+    def __init__(self):
+        super().__init__()
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:  # StreamHandler.__init__ sets it
+        pass
+
+
+def own_lines_to_stderr() -> None:
+    """specdec's own loggers (INFO and up) on stderr, once per process."""
     for name in OWN_LOGGERS:
         logger = logging.getLogger(name)
-        logger.addHandler(handler)
+        if not any(isinstance(handler, _Stderr) for handler in logger.handlers):
+            logger.addHandler(_Stderr())
         logger.setLevel(logging.INFO)
         logger.propagate = False  # not again through a handler a library puts on the root
 
@@ -95,7 +113,7 @@ def configure(command: str | None, verbose: bool) -> pathlib.Path | None:
     if command is None or command in UNCHANGED_COMMANDS:
         return None
     verbose = verbose or os.environ.get(VERBOSE_ENV, "") not in ("", "0")
-    _own_lines_to_stderr()
+    own_lines_to_stderr()
     if verbose:
         os.environ[VERBOSE_ENV] = "1"  # for Ray's start (workers.spec.ensure_ray)
         _configured = True

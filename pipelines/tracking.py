@@ -14,11 +14,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import pathlib
 import subprocess
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 MAX_PARAM_CHARS = 500  # MLflow rejects longer param values (limit 6000 in 3.x; keep short)
@@ -265,11 +267,12 @@ class OptionalRun:
         if self.run_id is not None:
             _end_quietly("FAILED")
         self.run_id = None
-        print(
-            f"specdec: warning: MLflow unavailable at {self.tracking_uri} ({self.error}); "
-            f"the job goes on without an MLflow run{self.hint}",
-            file=sys.stderr,
-            flush=True,
+        log.warning(
+            "specdec: warning: MLflow unavailable at %s (%s); the job goes on without an "
+            "MLflow run%s",
+            self.tracking_uri,
+            self.error,
+            self.hint,
         )
 
     def __exit__(self, exc_type, exc, traceback) -> bool:

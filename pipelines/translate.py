@@ -37,7 +37,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import sys
+import logging
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -56,6 +56,8 @@ from pipelines.job_config import (  # noqa: F401  (the job's names, as the CLI a
 from workers.background import Background
 from workers.engine import EngineConfig
 from workers.gamma import GammaPrior
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pipelines.inference import EngineMetrics
@@ -101,11 +103,7 @@ def run_job(job: JobConfig) -> dict[str, Any]:
         )
     todo = [r for r in records if r.id not in done]
     if done:  # said even with --quiet: not a progress line
-        print(
-            f"  resuming: {len(done)} of {len(records)} records are done in {parts}",
-            file=sys.stderr,
-            flush=True,
-        )
+        log.info("  resuming: %d of %d records are done in %s", len(done), len(records), parts)
     tracking_uri = job.tracking_uri or tracking.default_tracking_uri()
     # Ray's daemons and MLflow's store start while this process imports Beam; the job
     # waits for each where it needs it (the phases count only that wait).
@@ -237,11 +235,10 @@ def _with_previous_prior(job: JobConfig, run, params) -> tuple[JobConfig, str | 
             rows=job.settings.batch_size,
         )
     except Exception as error:  # a prior is a head start, never a reason to fail
-        print(
-            "  --gamma auto: could not read an earlier run's figures "
-            f"({tracking.describe_error(error)}); starting from the draft config's prior",
-            file=sys.stderr,
-            flush=True,
+        log.warning(
+            "  --gamma auto: could not read an earlier run's figures (%s); starting from "
+            "the draft config's prior",
+            tracking.describe_error(error),
         )
         return job, None
     if run_id is None:
