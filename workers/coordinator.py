@@ -31,7 +31,7 @@ keeps dying fails the batch with :class:`~workers.recovery.WorkerLost`.
 
 from __future__ import annotations
 
-import sys
+import logging
 import time
 import uuid
 
@@ -40,6 +40,8 @@ from workers import recovery, wire
 from workers.batching import DecodeSettings, PackedBatch
 from workers.channel import ChannelClient, ChannelClosed, new_secret
 from workers.spec import DEFAULT_TRANSPORT, ModelSpec
+
+log = logging.getLogger(__name__)
 
 
 class SpeculativeCoordinator(recovery.Restartable):
@@ -123,11 +125,10 @@ class SpeculativeCoordinator(recovery.Restartable):
                 for role, address in zip(remote, addresses, strict=True)
             }
         except (ChannelClosed, OSError) as error:
-            print(
-                f"specdec: no direct channel to the workers ({error}); the loop's calls "
-                "go through Ray instead (slower per iteration)",
-                file=sys.stderr,
-                flush=True,
+            log.warning(
+                "specdec: no direct channel to the workers (%s); the loop's calls go "
+                "through Ray instead (slower per iteration)",
+                error,
             )
             self.transport = "ray"
             return

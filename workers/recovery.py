@@ -11,13 +11,15 @@ uninterrupted run. A worker that keeps dying ends the batch with :class:`WorkerL
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
-import sys
 import time
 import uuid
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_RESTARTS = 3  # Ray restarts of each actor (model workers and coordinator)
 DEFAULT_MAX_BATCH_FAILURES = 3  # worker deaths in a row, without progress, before a batch fails
@@ -155,11 +157,10 @@ def retrying(attempt, *, recover, max_failures: int, progress=lambda: 0):
                     f"a worker died {failures} times in a row on this batch "
                     f"(max_batch_failures={max_failures}); last: {summary}"
                 ) from error
-            print(
-                f"specdec: a worker went away ({summary}); waiting for Ray to restart it, "
-                "then resuming the batch from its committed tokens",
-                file=sys.stderr,
-                flush=True,
+            log.warning(
+                "specdec: a worker went away (%s); waiting for Ray to restart it, then "
+                "resuming the batch from its committed tokens",
+                summary,
             )
 
 
