@@ -81,6 +81,7 @@ class BoundModel:
     forward: Forward  # (cache, tokens [B, K]) -> (logits [B, K, V], cache)
     # (encoder_tokens [B, S] int32 or None, batch_size, max_len) -> empty cache
     new_cache: Callable[[Any, int, int], Any]
+    is_encoder_decoder: bool  # its family's: the cache is built by an encoder
 
     @property
     def vocab_size(self) -> int:

@@ -87,6 +87,7 @@ class Family:
             params=self.held_params(params),
             forward=self.forward(config, served),
             new_cache=new_cache,
+            is_encoder_decoder=self.is_encoder_decoder,
         )
 
     def load(
