@@ -25,7 +25,7 @@ from pipelines import cli, study, tracking
 from pipelines.ui import ui_command
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
-SAMPLE = REPO_ROOT / "assets" / "samples" / "en_de_sample.tsv"
+SAMPLE = REPO_ROOT / "assets" / "samples" / "en_de_debian_sample.tsv"
 TINY_STUDY = REPO_ROOT / "configs" / "studies" / "tiny_test.yaml"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
