@@ -47,6 +47,18 @@ def _buckets(processor) -> list[list[tuple[tuple[int, ...], list[int]]]]:
     return found
 
 
+def chunked_logits(model, encoder, tokens, chunk: int, cache_len: int) -> np.ndarray:
+    """Logits [B, T, V] of every position of ``tokens`` [B, T], fed ``chunk`` tokens per
+    call through a ``cache_len``-slot cache over the sources ``encoder`` [B, S]."""
+    cache = model.new_cache(encoder, encoder.shape[0], cache_len)
+    step = jax.jit(model.forward)
+    out = []
+    for start in range(0, tokens.shape[1], chunk):
+        logits, cache = step(cache, jnp.asarray(tokens[:, start : start + chunk]))
+        out.append(np.asarray(logits))
+    return np.concatenate(out, axis=1)
+
+
 def _logits(model, rows, batch_size: int, chunk: int, cache_len: int) -> np.ndarray:
     """Row 0's logits [FED, V]: ``rows`` packed as the job packs them, fed ``chunk``
     decoder tokens per call through a ``cache_len``-slot cache."""
@@ -56,13 +68,7 @@ def _logits(model, rows, batch_size: int, chunk: int, cache_len: int) -> np.ndar
     packed = pack(requests, DecodeSettings(batch_size=batch_size))
     decoder = np.zeros((batch_size, FED), np.int32)
     decoder[: len(rows)] = [tokens for _, tokens in rows]
-    cache = model.new_cache(packed.encoder_tokens, batch_size, cache_len)
-    step = jax.jit(model.forward)
-    out = []
-    for start in range(0, FED, chunk):
-        logits, cache = step(cache, jnp.asarray(decoder[:, start : start + chunk]))
-        out.append(np.asarray(logits[0]))
-    return np.concatenate(out, axis=0)
+    return chunked_logits(model, packed.encoder_tokens, decoder, chunk, cache_len)[0]
 
 
 def main() -> int:

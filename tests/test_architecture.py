@@ -16,8 +16,8 @@ LAYERS = ("specdec_core", "workers", "pipelines")  # lowest first
 MAX_MODULE_LINES = 500  # pipelines/ and workers/: a longer module does several jobs
 
 
-def _modules(package: str) -> list[pathlib.Path]:
-    return sorted((REPO_ROOT / package).rglob("*.py"))
+def _modules(package: str, root: pathlib.Path = REPO_ROOT) -> list[pathlib.Path]:
+    return sorted((root / package).rglob("*.py"))
 
 
 def _imported_packages(path: pathlib.Path) -> set[str]:
@@ -177,9 +177,7 @@ def _import_graph(root: pathlib.Path, packages: Sequence[str]) -> dict[str, set[
     functions and ``if TYPE_CHECKING:`` too): ``from a import b`` counts as importing
     ``a.b`` where that is a module, else ``a``."""
     paths = {
-        _module_name(root, path): path
-        for package in packages
-        for path in _modules_in(root, package)
+        _module_name(root, path): path for package in packages for path in _modules(package, root)
     }
     graph = {}
     for name, path in paths.items():
@@ -197,10 +195,6 @@ def _import_graph(root: pathlib.Path, packages: Sequence[str]) -> dict[str, set[
                 found.update(f"{base}.{alias.name}" for alias in node.names)
         graph[name] = {module for module in found if module in paths and module != name}
     return graph
-
-
-def _modules_in(root: pathlib.Path, package: str) -> list[pathlib.Path]:
-    return sorted((root / package).rglob("*.py"))
 
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -16,6 +16,7 @@ import pytest
 from specdec_core import decoding
 from specdec_core.models import decoder, families, layers, registry, t5
 from specdec_core.sampling import GREEDY
+from tests.shipped_rows import chunked_logits
 from tests.test_real_model_greedy import bigram_draft, target_model
 
 # Wide enough that XLA's kernels for one row and for several differ in how they sum.
@@ -51,13 +52,7 @@ def _inputs(batch: int):
 
 def _chunked_logits(model, encoder, tokens, chunk: int, cache_len: int = TOKENS + 1) -> np.ndarray:
     """Logits of every position, fed ``chunk`` tokens per call through the KV cache."""
-    cache = model.new_cache(encoder, encoder.shape[0], cache_len)
-    step = jax.jit(model.forward)
-    out = []
-    for start in range(0, TOKENS, chunk):
-        logits, cache = step(cache, jnp.asarray(tokens[:, start : start + chunk]))
-        out.append(np.asarray(logits))
-    return np.concatenate(out, axis=1)
+    return chunked_logits(model, encoder, tokens, chunk, cache_len)
 
 
 @pytest.mark.parametrize("batch", [1, 3])
