@@ -1,7 +1,6 @@
 """The exit statuses of the job commands (``specdec translate``, ``summarize``): what a
 script that runs a job can rely on (:mod:`pipelines.cli` documents them in ``--help``)."""
 
-# Exit statuses of the job commands (translate, summarize).
 EXIT_OK = 0  # every record came out
 EXIT_FAILED = 1  # the job started but did not finish, or lost a record (a bug)
 EXIT_CANNOT_START = 2  # bad flags or config, missing checkpoint, unreadable input

@@ -22,8 +22,9 @@ import os
 import pathlib
 import sys
 
+from workers.spec import VERBOSE_ENV, verbose_requested
+
 VERBOSE_FLAG = "--verbose"
-VERBOSE_ENV = "SPECDEC_VERBOSE"  # also read by workers.spec.ensure_ray
 LOG_DIR_ENV = "SPECDEC_LOG_DIR"
 DEFAULT_LOG_DIR = pathlib.Path(__file__).resolve().parents[1] / "runs"
 # The packages whose loggers are specdec's own lines.
@@ -112,7 +113,7 @@ def configure(command: str | None, verbose: bool) -> pathlib.Path | None:
         return _configured if isinstance(_configured, pathlib.Path) else None
     if command is None or command in UNCHANGED_COMMANDS:
         return None
-    verbose = verbose or os.environ.get(VERBOSE_ENV, "") not in ("", "0")
+    verbose = verbose or verbose_requested()
     own_lines_to_stderr()
     if verbose:
         os.environ[VERBOSE_ENV] = "1"  # for Ray's start (workers.spec.ensure_ray)

@@ -127,6 +127,15 @@ def ray_cpus(engines: int = 1) -> int:
     return max(os.cpu_count() or 2, 3, 2 * engines)
 
 
+VERBOSE_ENV = "SPECDEC_VERBOSE"  # specdec --verbose, for the processes a job starts
+
+
+def verbose_requested() -> bool:
+    """Whether ``specdec --verbose`` (or ``SPECDEC_VERBOSE=1``) asked for the libraries'
+    output (:mod:`pipelines.log_setup` sets it for this process and those it starts)."""
+    return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
+
+
 def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> bool:
     """Starts a local Ray instance (or joins ``address``) unless one is running; True
     when it started a local instance (whose daemons live as long as the calling thread,
@@ -147,7 +156,7 @@ def ensure_ray(address: str | None = None, *, num_cpus: int | None = None) -> bo
         "include_dashboard": False,
         # the workers' output (their libraries' warnings) stays in Ray's session logs,
         # unless specdec --verbose asked for it (pipelines.log_setup)
-        "log_to_driver": os.environ.get("SPECDEC_VERBOSE", "") not in ("", "0"),
+        "log_to_driver": verbose_requested(),
         # Ray's loggers keep no handler of their own: the CLI decides where they go
         "configure_logging": False,
     }
