@@ -190,14 +190,14 @@ def _job_gamma(args: argparse.Namespace) -> int | str:
     """``--gamma`` as given, else ``auto``, or 0 (the target alone) with ``--draft none``."""
     if args.gamma is not None:
         return args.gamma
-    from pipelines.translate import NO_DRAFT
+    from pipelines.job_config import NO_DRAFT
 
     return 0 if args.draft == NO_DRAFT else "auto"
 
 
 def _job(kind_name: str, args: argparse.Namespace) -> int:
     enable_compile_cache()  # before JAX is imported here or in the job's Ray workers
-    from pipelines import job_table, translate
+    from pipelines import job_config, job_table, translate
     from workers.engine import EngineConfig
 
     engine = EngineConfig(
@@ -209,8 +209,8 @@ def _job(kind_name: str, args: argparse.Namespace) -> int:
         gamma=_job_gamma(args),
         gamma_max=args.gamma_max,
     )
-    job = translate.make_job(
-        translate.KINDS[kind_name],
+    job = job_config.make_job(
+        job_config.KINDS[kind_name],
         input=args.input,
         output=args.output,
         target=args.target,
@@ -262,7 +262,7 @@ def _exit_codes_epilog() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pipelines import demo, kd_data, log_run, prepare, study, translate, ui, vocab
+    from pipelines import demo, job_config, kd_data, log_run, prepare, study, ui, vocab
     from pipelines.train import cli as train_cli
     from pipelines.train import recipe
 
@@ -297,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
         "accepted among a command's flags too)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for kind in (translate.TRANSLATE, translate.SUMMARIZE):
+    for kind in (job_config.TRANSLATE, job_config.SUMMARIZE):
         job = sub.add_parser(
             kind.name,
             help=f"the {kind.name} Beam job (speculative decoding)",

@@ -43,16 +43,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from pipelines import job_prediction, job_report, part_files, previous_run, record_io
-from pipelines.job_config import (  # noqa: F401  (the job's names, as the CLI and tests use them)
-    KINDS,
-    NO_DRAFT,
-    SUMMARIZE,
-    TRANSLATE,
-    JobConfig,
-    JobKind,
-    default_summary_path,
-    make_job,
-)
+from pipelines.job_config import JobConfig, default_summary_path
 from workers.background import Background
 from workers.engine import EngineConfig
 from workers.gamma import GammaPrior

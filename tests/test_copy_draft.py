@@ -364,14 +364,14 @@ def test_copy_references_resolve_to_copy_specs():
 def test_a_plain_copy_draft_takes_the_jobs_target_vocabulary(tmp_path):
     """``--draft copy`` with a 16k-vocabulary target needs no vocab_size option: make_job
     hands the draft the target's; an explicit option or a backoff model still wins."""
-    from pipelines import translate
+    from pipelines import job_config
 
     sized = model_resolver.resolve_model("copy", role="draft", vocab_size=16000)
     assert sized.spec.config.vocab_size == 16000
     explicit = model_resolver.resolve_model("copy:vocab_size=24", role="draft", vocab_size=16000)
     assert explicit.spec.config.vocab_size == 24
-    job = translate.make_job(
-        translate.SUMMARIZE,
+    job = job_config.make_job(
+        job_config.SUMMARIZE,
         input="x.jsonl",
         output=str(tmp_path / "out.jsonl"),
         target="summ_target",  # the Debian 16k vocabulary: not the default target's 8k

@@ -16,11 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipelines import cli, part_files, record_io, translate
+from pipelines import cli, job_config, part_files, record_io
 from pipelines.cli import main
 from tests.test_translate_job import SENTENCES, job_args, tiny_pair
 
-FIELDS = translate.TRANSLATE.fields
+FIELDS = job_config.TRANSLATE.fields
 SPECIAL = [
     b"\x00", b"\xff", b"\xfe\xff", b"\xef\xbb\xbf", b"\r", b"\t", b"\xc3\x28",
     b"\xed\xa0\x80",  # an encoded surrogate: not UTF-8

@@ -276,10 +276,10 @@ def test_committed_corpus_matches_its_counts_and_keeps_sources_whole():
 
 
 def test_the_test_sample_reads_as_summarize_job_input():
-    from pipelines import record_io, translate
+    from pipelines import job_config, record_io
 
     path = summaries.DEFAULT_OUTPUT / "test_sample.jsonl"
-    records = list(record_io.read_records(str(path), fields=translate.SUMMARIZE.fields))
+    records = list(record_io.read_records(str(path), fields=job_config.SUMMARIZE.fields))
     assert len(records) == summaries.SAMPLE_RECORDS
     first = summaries.read_split(summaries.DEFAULT_OUTPUT, "test")[0]
     assert (records[0].id, records[0].source, records[0].reference) == (

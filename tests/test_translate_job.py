@@ -19,13 +19,13 @@ import yaml
 
 from pipelines import (
     inference,
+    job_config,
     job_prediction,
     job_report,
     job_table,
     record_io,
     text,
     transforms,
-    translate,
 )
 from pipelines.cli import main
 from pipelines.model_resolver import DEFAULT_VOCAB
@@ -186,7 +186,7 @@ def run_job(workdir, models, tracking_uri):
 
 def test_sentences_fit_one_length_bucket():
     processor = text.sentencepiece(str(DEFAULT_VOCAB))
-    lengths = [len(text.encode(processor, translate.TRANSLATE.prefix, en)) for en, _ in SENTENCES]
+    lengths = [len(text.encode(processor, job_config.TRANSLATE.prefix, en)) for en, _ in SENTENCES]
     assert max(lengths) <= text.LENGTH_BUCKET and min(lengths) > 0
 
 
