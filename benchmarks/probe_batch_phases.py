@@ -1,11 +1,13 @@
 """Where one batch's time goes, and what a loop step costs at each γ.
 
 Loads the embedded Debian pair and decodes the first ``--records`` sentences of the
-shipped sample one batch at a time (``--batch`` rows, greedy, the job's padding): the
-target alone (γ = 0, ``decoding.autoregressive_generate``) and the compiled speculative
-loop at each γ of ``--gammas`` (``decoding.speculative_generate(compiled=True)``), every
-batch once untimed, then ``--rounds`` interleaved rounds. Per batch it splits the wall
-time into
+shipped sample one batch at a time (``--batch`` rows, greedy or at ``--temperature``
+under the paper's rule, seed 11, the job's padding): the target alone
+(``decoding.autoregressive_generate``) and the compiled speculative loop at each γ of
+``--gammas`` (``decoding.speculative_generate(compiled=True)``; at T > 0 also γ = 0, the
+loop that drafts and tests one token per target call, ``SamplingConfig.drafts_bonus``),
+every batch once untimed, then ``--rounds`` interleaved rounds. Per batch it splits the
+wall time into
 
 - *encoders*: ``model.new_cache`` (the T5 encoder and the cross-attention keys, the
   draft's too for γ ≥ 1);
@@ -15,12 +17,13 @@ time into
 
 and fits the loop's seconds against its iterations over the batches (least squares):
 the slope is a loop step's cost at that γ, the intercept what a loop call costs beyond
-its steps. ``tokens/iter`` and ``loop ms/token`` give the loop's own speedup over γ = 0.
+its steps. ``tokens/iter`` and ``loop ms/token`` give the loop's own speedup over the
+target alone.
 
 Usage (BENCHMARKS.md gives the command run)::
 
     .venv/bin/python benchmarks/probe_batch_phases.py [--batch 1] [--gammas 1,2,3]
-        [--records 32] [--rounds 2]
+        [--records 32] [--rounds 2] [--temperature 0]
 """
 
 from __future__ import annotations
@@ -45,19 +48,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=32)
     parser.add_argument("--draft", default="ende_draft_debian_seq2")
     parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--temperature", type=float, default=0.0)
     args = parser.parse_args(argv)
-    gammas = [0, *(int(g) for g in args.gammas.split(","))]
 
     import jax
 
     from specdec_core import decoding
+    from specdec_core.sampling import SamplingConfig
     from workers.batching import DecodeSettings, pack
+
+    config = SamplingConfig(temperature=args.temperature)
+    ALONE = "target alone"
+    gammas = [ALONE, *([0] if config.drafts_bonus else []), *map(int, args.gammas.split(","))]
 
     target, draft, vocab = debian_pair(args.draft)
     requests = sample_requests(vocab, args.records)
 
     def batches(gamma: int):
-        settings = DecodeSettings(gamma=max(gamma, 1), max_new_tokens=64, batch_size=args.batch)
+        settings = DecodeSettings(gamma=gamma if gamma != ALONE else 1, max_new_tokens=64,
+                                  batch_size=args.batch, sampling=config)  # fmt: skip
         return [
             pack(requests[i : i + args.batch], settings)
             for i in range(0, len(requests), args.batch)
@@ -68,13 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     def decode(gamma: int, p) -> dict:
         start = time.perf_counter()
         common = greedy_decode_args(target, p)  # the target's encoder runs here
+        common.update(sampling_config=config, seed=11)
         jax.block_until_ready(common["target_cache"])
-        if gamma:
+        if gamma != ALONE:
             draft_cache = jax.block_until_ready(
                 draft.new_cache(p.encoder_tokens, p.prompt_tokens.shape[0], p.max_len)
             )
         encoders = time.perf_counter() - start
-        if gamma:
+        if gamma != ALONE:
             result = decoding.speculative_generate(
                 **common, draft=draft.forward, draft_cache=draft_cache, gamma=gamma, compiled=True
             )
@@ -100,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ms = 1e3
     print(
-        f"batch {args.batch}, {len(packed[0])} batches x {args.rounds} rounds, draft {args.draft}"
+        f"batch {args.batch}, {len(packed[ALONE])} batches x {args.rounds} rounds, "
+        f"draft {args.draft}, T = {args.temperature}"
     )
     print(
         "| γ | encoders ms/batch | setup ms/batch | loop ms/batch | rest ms/batch "

@@ -23,8 +23,10 @@ followed by the draft's :func:`recover_and_propose` (the two halves of
 :func:`acceptance.accept` around one process boundary; :func:`propose_first` starts
 a batch). A worker only jits these and moves their inputs and outputs.
 
-Randomness: every draw of a row derives from ``(seed, request_id, n_generated)``,
-so a request's output does not depend on its batch, its position in it or restarts.
+Randomness: every draw of a row derives from ``(seed, request_id, position)``, the
+output position it decides (:func:`position_uniforms`, :func:`position_noise`), so a
+request's output does not depend on its batch, its position in it, restarts, or at a
+temperature above 0 where its blocks begin and end (``SamplingConfig.drafts_bonus``).
 """
 
 from __future__ import annotations
@@ -121,7 +123,24 @@ def _step_keys(state: DecodeState) -> jax.Array:
     return jax.vmap(jax.random.fold_in)(keys, state.n_generated)
 
 
-_POSITION_NOISE = 2  # folded into a row's key first: the invariant rule's own stream
+# streams, folded into a row's key before the position: the invariant rule's noise, and
+# the paper rule's three draws at a position (the draft's token, the test, the next token)
+_POSITION_NOISE, _DRAFT_DRAW, _TEST, _NEXT_DRAW = 2, 3, 4, 5
+
+
+def position_uniforms(state: DecodeState, stream: int, width: int) -> jax.Array:
+    """Uniforms [B, width] of each row's output positions ``n_generated`` ..
+    ``n_generated + width - 1`` in one of the paper rule's streams, from (seed, request,
+    stream, position) only: the draw a position gets is the same in every loop, at
+    every γ and wherever in a block the position falls."""
+    keys = jax.random.wrap_key_data(state.row_keys)
+    keys = jax.vmap(lambda k: jax.random.fold_in(k, stream))(keys)
+    positions = state.n_generated[:, None] + jnp.arange(width)[None, :]
+
+    def row(key, row_positions):
+        return jax.vmap(lambda p: jax.random.uniform(jax.random.fold_in(key, p)))(row_positions)
+
+    return jax.vmap(row)(keys, positions)
 
 
 def position_noise(state: DecodeState, offset: int, vocab: int) -> jax.Array:
@@ -440,10 +459,20 @@ def propose_fn(draft: Forward, gamma: int, config: sampling.SamplingConfig, firs
     return jit_over(lambda d: _propose(d, gamma, config, first), (draft,), donate_argnums=(0,))
 
 
+def chain(draft_tokens: jax.Array, config: sampling.SamplingConfig) -> jax.Array:
+    """x_1..x_γ of a block [B, D]: without the drafted bonus x_{γ+1}, where
+    ``config.drafts_bonus`` has the draft propose it (D = γ + 1)."""
+    return draft_tokens[:, : draft_tokens.shape[1] - config.drafts_bonus]
+
+
 def _propose(draft: Forward, gamma: int, config: sampling.SamplingConfig, first: bool):
-    """``propose(cache, state, steps=None)``: γ draft tokens, or with ``steps`` (a traced
-    int32 in [1, γ]) the first ``steps`` of γ slots, the rest zeros: the same draft
-    calls and draws as a proposal of ``steps`` tokens, in buffers of one shape."""
+    """``propose(cache, state, steps=None)``: γ draft tokens (γ + 1 where
+    ``config.drafts_bonus``: the bonus position's too), or with ``steps`` (a traced int32
+    in [0, γ]) the first ``steps`` (+ 1) of the slots, the rest zeros: the same draft
+    calls and draws as a proposal at γ = ``steps``, in buffers of one shape. The draft
+    draws x_i with its position's uniform (:func:`position_uniforms`), or under the
+    invariant rule its noise."""
+    width = gamma + config.drafts_bonus
 
     def propose(cache, state: DecodeState, steps=None):
         if first:
@@ -454,21 +483,21 @@ def _propose(draft: Forward, gamma: int, config: sampling.SamplingConfig, first:
         logits, cache = draft(cache, feed)
         probs = sampling.probs_from_logits(logits[:, -1], config)
         if config.invariant:  # the target's noise at each drafted position
-            draws = jnp.swapaxes(block_noise(state, gamma, probs.shape[-1]), 0, 1)  # [γ, B, V]
+            draws = jnp.swapaxes(block_noise(state, width, probs.shape[-1]), 0, 1)  # [D, B, V]
 
             def draw(noise, probs):
                 return sampling.gumbel_argmax(probs, noise)
         else:
-            draft_keys = jax.vmap(lambda k: jax.random.fold_in(k, 0))(_step_keys(state))
-            uniforms = acceptance.row_uniforms(draft_keys, feed.shape[0], gamma)  # [B, γ]
-            draws = jnp.swapaxes(uniforms, 0, 1)  # [γ, B]
+            uniforms = position_uniforms(state, _DRAFT_DRAW, width)  # [B, D]
+            draws = jnp.swapaxes(uniforms, 0, 1)  # [D, B]
 
             def draw(u, probs):
                 return sampling.draw(u, probs, config)
 
         token = draw(draws[0], probs)
         if steps is not None:
-            return _propose_steps(draft, config, draw, cache, token, probs, draws, steps)
+            drafts = steps + config.drafts_bonus
+            return _propose_steps(draft, config, draw, cache, token, probs, draws, drafts)
 
         def step(carry, d):
             cache, token = carry
@@ -486,8 +515,8 @@ def _propose(draft: Forward, gamma: int, config: sampling.SamplingConfig, first:
 
 
 def _propose_steps(draft: Forward, config, draw, cache, token, probs, draws, steps):
-    """The rest of :func:`_propose` for a traced number of ``steps``: one draft call per
-    token after the first, as its scan makes, into [B, γ] / [B, γ, V] buffers."""
+    """The rest of :func:`_propose` for a traced number of ``steps`` drafts: one draft
+    call per token after the first, as its scan makes, into [B, D] / [B, D, V] buffers."""
     gamma = draws.shape[0]
     tokens = jnp.zeros((token.shape[0], gamma), jnp.int32).at[:, 0].set(token)
     all_probs = jnp.zeros((*probs.shape[:1], gamma, probs.shape[-1]), probs.dtype)
@@ -508,7 +537,8 @@ def _propose_steps(draft: Forward, config, draw, cache, token, probs, draws, ste
 
 @program_cache
 def score_fn(target: Forward, config: sampling.SamplingConfig):
-    """``(target_cache, state, draft_tokens [B, γ]) -> (target_probs [B, γ+1, V], cache)``."""
+    """``(target_cache, state, draft_tokens [B, D]) -> (target_probs [B, γ+1, V], cache)``:
+    p at the γ+1 positions after the pending token (the drafted bonus is not fed)."""
     return jit_over(lambda t: _score(t, config), (target,), donate_argnums=(0,))
 
 
@@ -516,21 +546,21 @@ def _score(target: Forward, config: sampling.SamplingConfig):
 
     def score(cache, state: DecodeState, draft_tokens):
         cache = rollback(cache, state.seq_lengths - 1)
-        tokens = jnp.concatenate([state.pending[:, None], draft_tokens], 1)
+        tokens = jnp.concatenate([state.pending[:, None], chain(draft_tokens, config)], 1)
         logits, cache = target(cache, tokens)
         return sampling.probs_from_logits(logits, config), cache
 
     return score
 
 
-def _verify_keys(state: DecodeState) -> jax.Array:
-    return jax.vmap(lambda k: jax.random.fold_in(k, 1))(_step_keys(state))
-
-
-def verify_uniforms(state: DecodeState, gamma: int) -> jax.Array:
-    """[B, γ+1] uniforms of the acceptance rule (γ tests, then the recovered/bonus draw),
-    the same that :func:`verify` uses; for split workers that run the rule in two parts."""
-    return acceptance.row_uniforms(_verify_keys(state), state.done.shape[0], gamma + 1)
+def verify_uniforms(state: DecodeState, gamma: int) -> tuple[jax.Array, jax.Array]:
+    """(tests [B, γ+1], draws [B, γ+1]): the acceptance rule's uniforms at the block's
+    γ+1 positions (:func:`position_uniforms`), the same that :func:`verify` uses; for
+    split workers that run the rule in two parts."""
+    return (
+        position_uniforms(state, _TEST, gamma + 1),
+        position_uniforms(state, _NEXT_DRAW, gamma + 1),
+    )
 
 
 def verify(
@@ -541,20 +571,25 @@ def verify(
     config: sampling.SamplingConfig,
     steps=None,
 ) -> acceptance.Verdict:
-    """Algorithm 1 (:func:`acceptance.accept`) with each row's own randomness, or under
-    ``config``'s invariant rule :func:`acceptance.accept_invariant` with the positions'
-    noise; with ``steps`` (traced), on the first ``steps`` draft slots only
-    (:func:`acceptance.accept_first`, :func:`acceptance.accept_invariant_first`)."""
+    """Algorithm 1 (:func:`acceptance.verdict`) with each position's own uniforms, or
+    under ``config``'s invariant rule :func:`acceptance.accept_invariant` with the
+    positions' noise; with ``steps`` (traced), at γ = ``steps`` on the block's first
+    slots only (:func:`acceptance.accept_invariant_first` for the invariant rule)."""
     if config.invariant:
         noise = block_noise(state, draft_tokens.shape[1] + 1, target_probs.shape[-1])
         if steps is not None:
             return acceptance.accept_invariant_first(draft_tokens, target_probs, noise, steps)
         return acceptance.accept_invariant(draft_tokens, target_probs, noise)
-    if steps is not None:
-        return acceptance.accept_first(
-            draft_tokens, draft_probs, target_probs, _verify_keys(state), steps
-        )
-    return acceptance.accept(draft_tokens, draft_probs, target_probs, _verify_keys(state))
+    tests, draws = verify_uniforms(state, target_probs.shape[1] - 1)
+    return acceptance.verdict(
+        draft_tokens,
+        draft_probs,
+        target_probs,
+        tests,
+        draws,
+        steps,
+        bonus_drafted=config.drafts_bonus,
+    )
 
 
 def commit(
@@ -565,7 +600,8 @@ def commit(
     steps=None,
 ) -> DecodeState:
     """Appends the accepted drafts and the next token to every active row; counts stats
-    (``steps``: drafted tokens per row where fewer than the block's slots were used)."""
+    (``steps``: drafted tokens per row where fewer than the block's slots were used).
+    ``draft_tokens`` [B, γ]: x_1..x_γ (:func:`chain`)."""
     batch, gamma = draft_tokens.shape
     rows = jnp.arange(batch)
     n = verdict.n_accepted
@@ -573,7 +609,11 @@ def commit(
     block = block.at[rows, n].set(verdict.next_token)  # [B, γ+1]
     active = ~state.done
     new_state, _ = _commit_block(state, block, n + 1, eos_id)
-    prev_of_next = jnp.where(n > 0, draft_tokens[rows, jnp.maximum(n - 1, 0)], state.pending)
+    prev_of_next = (
+        jnp.where(n > 0, draft_tokens[rows, jnp.maximum(n - 1, 0)], state.pending)
+        if gamma
+        else state.pending
+    )
     accepted_at = active[:, None] & (jnp.arange(gamma)[None, :] < n[:, None])
     return new_state.replace(
         pending=jnp.where(active, verdict.next_token, state.pending),
@@ -591,8 +631,8 @@ def commit(
 def score_and_count(target: Forward, config: sampling.SamplingConfig):
     """The target's step of a split iteration (pure; the caller jits it).
 
-    ``(target_cache, state, draft_tokens [B, γ], draft_token_probs [B, γ])
-    -> (n_accepted [B], p_{n+1} [B, V], target_cache)``: scores the γ+1 positions
+    ``(target_cache, state, draft_tokens [B, D], draft_token_probs [B, D])
+    -> (n [B], p_{n+1} [B, V], target_cache)``: scores the γ+1 positions
     (:func:`score_fn`) and runs :func:`acceptance.target_half` with the row's
     uniforms (:func:`verify_uniforms`). Only the draft's q_i(x_i) come in, and only
     the target's distribution at one position goes out.
@@ -607,9 +647,13 @@ def score_and_count(target: Forward, config: sampling.SamplingConfig):
                 draft_tokens, target_probs, noise
             )
             return n_accepted, target_at_n, cache
-        uniforms = verify_uniforms(state, draft_tokens.shape[1])
+        tests, _ = verify_uniforms(state, target_probs.shape[1] - 1)
         n_accepted, target_at_n = acceptance.target_half(
-            draft_tokens, draft_token_probs, target_probs, uniforms
+            draft_tokens,
+            draft_token_probs,
+            target_probs,
+            tests,
+            bonus_drafted=config.drafts_bonus,
         )
         return n_accepted, target_at_n, cache
 
@@ -647,7 +691,7 @@ def recover_and_propose(
 
     def step(cache, state: DecodeState, draft_tokens, draft_probs, n_accepted, target_at_n):
         new_state, _ = _recover_commit(
-            state, draft_tokens, draft_probs, n_accepted, target_at_n, eos_id
+            state, draft_tokens, draft_probs, n_accepted, target_at_n, eos_id, config
         )
         tokens, probs, cache = propose(cache, new_state)
         return new_state, tokens, probs, acceptance.token_probs(probs, tokens), cache
@@ -655,20 +699,23 @@ def recover_and_propose(
     return step
 
 
-def _recover_commit(state, draft_tokens, draft_probs, n_accepted, target_at_n, eos_id):
+def _recover_commit(state, draft_tokens, draft_probs, n, target_at_n, eos_id, config):
     """The recovered/bonus token drawn (the draft's half of the rule) and committed:
-    (state', next_token [B])."""
-    uniforms = verify_uniforms(state, draft_tokens.shape[1])
-    next_token = acceptance.draft_half(draft_probs, n_accepted, target_at_n, uniforms)
-    verdict = acceptance.Verdict(n_accepted=n_accepted, next_token=next_token)
-    return commit(state, draft_tokens, verdict, eos_id), next_token
+    (state', the iteration's verdict)."""
+    x = chain(draft_tokens, config)
+    _, draws = verify_uniforms(state, x.shape[1])
+    verdict = acceptance.draft_half(
+        draft_tokens, draft_probs, n, target_at_n, draws, bonus_drafted=config.drafts_bonus
+    )
+    return commit(state, x, verdict, eos_id), verdict
 
 
 # ---------------------------------------------------------------- pipelined speculation
 #
 # While the target verifies block i, the draft proposes block i+1 as if every token
-# of block i were accepted and the target's bonus token were the draft's own most
-# likely next token (the guess): ``propose_ahead``. When the target's verdict comes,
+# of block i were accepted and the bonus token were the guess: the draft's own most
+# likely next token, or where the draft proposes the bonus position too
+# (``SamplingConfig.drafts_bonus``) its x_{γ+1}: ``propose_ahead``. When the target's verdict comes,
 # ``settle`` draws the recovered/bonus token and commits, as ``recover_and_propose``
 # does, and says per row whether the early block is the one the draft would propose
 # now (every token accepted, the bonus token equal to the guess, or the row done).
@@ -682,34 +729,42 @@ def _recover_commit(state, draft_tokens, draft_probs, n_accepted, target_at_n, e
 def propose_ahead(draft: Forward, gamma: int, config: sampling.SamplingConfig, eos_id: int | None):
     """The draft's early proposal of the next block (pure; the caller jits it).
 
-    ``(draft_cache, state, draft_tokens [B, γ]) -> (guess [B], tokens [B, γ],
-    probs [B, γ, V], token_probs [B, γ], draft_cache)``: feeds x_γ (the cache holds
-    the block up to x_{γ-1}), takes the most likely next token as the guess of the
-    bonus token, and proposes from the state that committing all γ tokens and the
-    guess would give. Positions before x_γ are left as they were, so a fresh
-    proposal after a rejection finds the cache it expects.
+    ``(draft_cache, state, draft_tokens [B, D]) -> (guess [B], tokens [B, D],
+    probs [B, D, V], token_probs [B, D], draft_cache)``: guesses the bonus token, and
+    proposes from the state that committing all γ tokens and the guess would give. The
+    guess is the drafted x_{γ+1} where the draft proposes it (``config.drafts_bonus``),
+    else the most likely token after x_γ, which it feeds (the cache holds the block up
+    to x_{γ-1}). Positions before x_γ are left as they were, so a fresh proposal after
+    a rejection finds the cache it expects.
     """
     propose = _propose(draft, gamma, config, False)
 
     def step(cache, state: DecodeState, draft_tokens):
-        logits, cache = draft(rollback(cache, state.seq_lengths + gamma - 1), draft_tokens[:, -1:])
-        guess = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+        if config.drafts_bonus:
+            guess = draft_tokens[:, -1]
+        else:
+            fed = rollback(cache, state.seq_lengths + gamma - 1)
+            logits, cache = draft(fed, draft_tokens[:, -1:])
+            guess = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
         everything = jnp.full_like(state.n_generated, gamma)
-        ahead = commit(state, draft_tokens, acceptance.Verdict(everything, guess), eos_id)
+        verdict = acceptance.Verdict(everything, guess)
+        ahead = commit(state, chain(draft_tokens, config), verdict, eos_id)
         tokens, probs, cache = propose(cache, ahead)
         return guess, tokens, probs, acceptance.token_probs(probs, tokens), cache
 
     return step
 
 
-def settle(state: DecodeState, draft_tokens, draft_probs, n_accepted, target_at_n, guess, eos_id):
+def settle(
+    state: DecodeState, draft_tokens, draft_probs, n_accepted, target_at_n, guess, eos_id, config
+):
     """The draft's half of the rule and the commit, as in :func:`recover_and_propose`,
     after :func:`propose_ahead`: (state', hit [B]), hit where the early block stands."""
-    new_state, next_token = _recover_commit(
-        state, draft_tokens, draft_probs, n_accepted, target_at_n, eos_id
+    new_state, verdict = _recover_commit(
+        state, draft_tokens, draft_probs, n_accepted, target_at_n, eos_id, config
     )
-    everything = n_accepted == draft_tokens.shape[1]
-    return new_state, new_state.done | (everything & (next_token == guess))
+    everything = verdict.n_accepted == chain(draft_tokens, config).shape[1]
+    return new_state, new_state.done | (everything & (verdict.next_token == guess))
 
 
 def propose_missed(draft: Forward, gamma: int, config: sampling.SamplingConfig):
@@ -731,7 +786,7 @@ def _verify_commit(
     state: DecodeState, draft_tokens, draft_probs, target_probs, eos_id, config, steps=None
 ):
     verdict = verify(state, draft_tokens, draft_probs, target_probs, config, steps)
-    new_state = commit(state, draft_tokens, verdict, eos_id, steps)
+    new_state = commit(state, chain(draft_tokens, config), verdict, eos_id, steps)
     return new_state, jnp.all(new_state.done)
 
 
@@ -809,9 +864,10 @@ def speculative_generate(
 ) -> DecodeResult:
     """Speculative decoding (Leviathan et al., 2023) for a batch, rows ragged.
 
-    Each iteration: the draft proposes γ tokens (one compiled call), the target scores
-    γ+1 positions (one call), and one compiled call accepts, commits and rolls both
-    caches back. Output tokens follow the target's distribution under
+    Each iteration: the draft proposes γ tokens (γ + 1 where
+    ``sampling_config.drafts_bonus``; then γ may be 0) in one compiled call, the target
+    scores γ+1 positions (one call), and one compiled call accepts, commits and rolls
+    both caches back. Output tokens follow the target's distribution under
     ``sampling_config``; at temperature 0 they equal target-only greedy decoding.
 
     ``compiled=True`` runs the whole loop as one compiled call instead (as
@@ -822,8 +878,11 @@ def speculative_generate(
     γ up to ``slots`` shares one program (the same tokens as the loop compiled for γ;
     the target scores ``slots`` + 1 tokens per call).
     """
-    if gamma < 1:
-        raise ValueError(f"gamma must be >= 1, got {gamma}")
+    if gamma < 1 - sampling_config.drafts_bonus:
+        raise ValueError(
+            f"gamma must be >= 1, got {gamma} (0 only where the draft proposes the bonus "
+            "position: the paper's rule at a temperature above 0)"
+        )
     if slots is not None and not (compiled and slots >= gamma):
         raise ValueError(f"slots ({slots}) needs compiled=True and slots >= gamma ({gamma})")
     prompt_tokens, prompt_lengths, state, start = _begin(

@@ -52,6 +52,15 @@ class SamplingConfig:
         noise."""
         return self.rule == "invariant" and not self.greedy
 
+    @property
+    def drafts_bonus(self) -> bool:
+        """The paper's rule at a temperature above 0: the position after a block's γ drafts
+        is drafted and tested too, like the others, instead of drawn from p, so that every
+        emitted token is drawn the same way from its position's keys whatever the γ path
+        (:mod:`specdec_core.acceptance`). At T = 0 that token is the target's argmax either
+        way, and the invariant rule draws it from p by its position's noise."""
+        return self.rule == "paper" and not self.greedy
+
 
 GREEDY = SamplingConfig(temperature=0.0)
 

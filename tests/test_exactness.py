@@ -10,13 +10,12 @@ reproducible); the negative control, a rule that resamples from p instead of
 norm(max(0, p − q)) at a rejection, must fail at p < 1e-6 on the same data sizes.
 """
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import stats
 
-from specdec_core import acceptance, decoding, sampling
+from specdec_core import acceptance, decoding
 from specdec_core.models import table
 from specdec_core.sampling import SamplingConfig
 from tests import reference
@@ -107,31 +106,24 @@ def test_speculative_samples_follow_target_distribution(draft, config, gamma):
     assert pvalue > 1e-3, f"G-test rejects exactness for draft={draft} {config}: p={pvalue:.2e}"
 
 
-@jax.jit
-def _biased_accept(draft_tokens, draft_probs, target_probs, key):
+_draft_half = acceptance.draft_half
+
+
+def _biased_draft_half(draft_tokens, draft_probs, *rest, **options):
     """A wrong rule: after a rejection, resample from p instead of norm(max(0, p - q))."""
-    batch, gamma = draft_tokens.shape
-    uniforms = acceptance.row_uniforms(key, batch, gamma + 1)
-    idx = draft_tokens[..., None]
-    q_tok = jnp.take_along_axis(draft_probs, idx, axis=-1)[..., 0]
-    p_tok = jnp.take_along_axis(target_probs[:, :gamma], idx, axis=-1)[..., 0]
-    n_accepted = acceptance.count_accepted(q_tok, p_tok, uniforms[:, :gamma])
-    p_at_n = target_probs[jnp.arange(batch), n_accepted]
-    return acceptance.Verdict(
-        n_accepted=n_accepted, next_token=sampling.sample_from_uniform(uniforms[:, gamma], p_at_n)
-    )
+    return _draft_half(draft_tokens, jnp.zeros_like(draft_probs), *rest, **options)
 
 
 @pytest.mark.slow
 def test_negative_control_biased_rule_is_caught(monkeypatch):
     config = SamplingConfig(temperature=1.0)
-    monkeypatch.setattr(acceptance, "accept", _biased_accept)
-    decoding._verify_commit_fn.cache_clear()
+    monkeypatch.setattr(acceptance, "draft_half", _biased_draft_half)
+    decoding.clear_compiled()
     try:
         result = speculative_samples(DRAFTS["independent"], config, 3, seed=1234)
     finally:
         monkeypatch.undo()
-        decoding._verify_commit_fn.cache_clear()
+        decoding.clear_compiled()
     pvalue = g_test_pvalue(result.tokens, exact_distribution(TARGET, config))
     assert pvalue < 1e-6, f"the biased rule went undetected (p={pvalue:.2e})"
 

@@ -31,10 +31,10 @@ The negative controls break the rule where a job runs it (the split halves every
 job runs, and the in-process rule):
 
 - resample from p instead of the residual norm(max(0, p − q)) at a rejection;
-- reuse the acceptance test's uniform for the recovered token's draw;
+- reuse a position's test uniform for the recovered token's draw there;
 - leave the target's p unfiltered while the draft's q is filtered (top-k). The reverse,
   p filtered and q not, is exact: any q is a valid proposal when the test uses it;
-- take the bonus token from p_γ instead of p_{γ+1};
+- test the bonus position's draft against p_γ instead of p_{γ+1};
 - score with a stale target cache after a rejection (no rollback);
 - under the drafter-invariant rule, one Gumbel noise for every position of a row.
 
@@ -205,12 +205,12 @@ def _stale_score_and_count(target, config):
     the rollback to the committed length (stale after every rejection)."""
 
     def step(cache, state, draft_tokens, draft_token_probs):
-        fed = jnp.concatenate([state.pending[:, None], draft_tokens], 1)
+        fed = jnp.concatenate([state.pending[:, None], decoding.chain(draft_tokens, config)], 1)
         logits, cache = target(cache, fed)
         target_probs = sampling.probs_from_logits(logits, config)
-        uniforms = decoding.verify_uniforms(state, draft_tokens.shape[1])
+        tests, _ = decoding.verify_uniforms(state, fed.shape[1] - 1)
         n_accepted, at_n = acceptance.target_half(
-            draft_tokens, draft_token_probs, target_probs, uniforms
+            draft_tokens, draft_token_probs, target_probs, tests, bonus_drafted=config.drafts_bonus
         )
         return n_accepted, at_n, cache
 
@@ -237,7 +237,7 @@ def _split(path, draft, config, gamma, seed, *, target_config=None, stale_target
             state, x, q, q_tok, draft_cache = step(draft_cache, state, x, q, n, p_at_n)
     else:  # pipelined: the early block proposed before the target's call
         ahead = jax.jit(decoding.propose_ahead(draft, gamma, config, EOS))
-        settle = jax.jit(functools.partial(decoding.settle, eos_id=EOS))
+        settle = jax.jit(functools.partial(decoding.settle, eos_id=EOS, config=config))
         missed = jax.jit(decoding.propose_missed(draft, gamma, config))
         while not bool(np.all(state.done)):
             guess, early, early_q, _, draft_cache = ahead(draft_cache, state, x)
@@ -283,59 +283,52 @@ def test_the_power_is_as_stated():
     assert detectable_tv(SAMPLES // 10, max(dofs)) > MAX_DETECTABLE_TV
 
 
-def _resample_from_p(draft_probs, n_accepted, target_probs_at_n, uniforms):
-    gamma = draft_probs.shape[1]
-    return sampling.sample_from_uniform(uniforms[:, gamma], target_probs_at_n)
+_target_half, _draft_half = acceptance.target_half, acceptance.draft_half
+_verify_uniforms = decoding.verify_uniforms
 
 
-def _reused_uniform(draft_probs, n_accepted, target_probs_at_n, uniforms):
-    batch = draft_probs.shape[0]
-    q_ext = jnp.concatenate([draft_probs, jnp.zeros_like(draft_probs[:, :1])], axis=1)
-    q_at_n = q_ext[jnp.arange(batch), n_accepted]
-    # the uniform that failed the test at the rejected position (u_{n+1}), not u_{γ+1}
-    return acceptance.sample_next_token(
-        target_probs_at_n, q_at_n, uniforms[jnp.arange(batch), n_accepted]
-    )
+def _resample_from_p(draft_tokens, draft_probs, *rest, **options):
+    """The next token from p at a rejection, not from the residual (q taken as 0)."""
+    return _draft_half(draft_tokens, jnp.zeros_like(draft_probs), *rest, **options)
 
 
-def _bonus_from_p_gamma(draft_tokens, draft_token_probs, target_probs, uniforms):
-    gamma = draft_tokens.shape[1]
-    n_accepted = acceptance.count_accepted(
-        draft_token_probs,
-        acceptance.token_probs(target_probs, draft_tokens),
-        uniforms[:, :gamma],
-    )
-    wrong = jnp.minimum(n_accepted, gamma - 1)  # p_γ where every draft passed
-    return n_accepted, target_probs[jnp.arange(draft_tokens.shape[0]), wrong]
+def _reused_uniform(state, gamma):
+    """The next token drawn with the uniform of its position's test (the one that
+    failed at a rejection), not a draw of its own."""
+    tests, _ = _verify_uniforms(state, gamma)
+    return tests, tests
 
 
-# name: (patches of specdec_core.acceptance, split-loop options, setting, draft): the
-# draft makes the broken case common (rejections, or for the bonus token every draft
-# accepted)
+def _bonus_against_p_gamma(draft_tokens, draft_token_probs, target_probs, *rest, **options):
+    """The bonus position (drafted at T > 0) tested against p_γ instead of p_{γ+1}."""
+    wrong = target_probs.at[:, -1].set(target_probs[:, -2])
+    return _target_half(draft_tokens, draft_token_probs, wrong, *rest, **options)
+
+
+# name: (patches of specdec_core.acceptance or .decoding, split-loop options, setting,
+# draft): the draft makes the broken case common (rejections, or for the bonus token
+# every draft accepted)
 CONTROLS = {
     "resample from p": ({"draft_half": _resample_from_p}, {}, "T=1", "independent"),
-    "reused uniform": ({"draft_half": _reused_uniform}, {}, "T=1", "independent"),
+    "reused uniform": ({"verify_uniforms": _reused_uniform}, {}, "T=1", "independent"),
     "target's p unfiltered": (
         {}, {"target_config": SETTINGS["T=1"]}, "T=0.7 top-k 3", "independent"
     ),
-    "bonus from p_γ": ({"target_half": _bonus_from_p_gamma}, {}, "T=1", "equal"),
+    "bonus against p_γ": ({"target_half": _bonus_against_p_gamma}, {}, "T=1", "equal"),
     "stale target cache": ({}, {"stale_target": True}, "T=1", "independent"),
 }  # fmt: skip
 
 
 @pytest.fixture
 def patched_rule(monkeypatch):
-    """Replaces functions of ``specdec_core.acceptance`` for one test. ``accept`` is
-    jitted again through a new function (JAX keeps a traced function's program by the
-    function, so a new jit of ``accept`` itself would reuse an earlier test's), so that
-    the in-process rule is traced with the replacements; every compiled step is dropped
-    before and after."""
+    """Replaces functions of ``specdec_core.acceptance`` (or ``decoding``, where it
+    defines the name) for one test; every compiled step is dropped before and after, so
+    that the loops are traced with the replacements."""
 
     def patch(replacements: dict):
         for name, function in replacements.items():
-            monkeypatch.setattr(acceptance, name, function)
-        rule = acceptance.accept.__wrapped__
-        monkeypatch.setattr(acceptance, "accept", jax.jit(lambda *args: rule(*args)))
+            module = decoding if hasattr(decoding, name) else acceptance
+            monkeypatch.setattr(module, name, function)
         decoding.clear_compiled()
 
     yield patch
@@ -377,7 +370,7 @@ def test_the_invariant_rules_negative_control_fails(path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["resample from p", "reused uniform", "bonus from p_γ"])
+@pytest.mark.parametrize("name", ["resample from p", "reused uniform", "bonus against p_γ"])
 def test_the_rules_negative_controls_fail_in_the_compiled_loop(name, patched_rule):
     replacements, _, setting, draft = CONTROLS[name]
     patched_rule(replacements)
@@ -387,9 +380,9 @@ def test_the_rules_negative_controls_fail_in_the_compiled_loop(name, patched_rul
     assert pvalue < CONTROL_P, f"{name} went undetected in the compiled loop (p={pvalue:.2e})"
 
 
-def _gamma_ignored(draft_tokens, draft_probs, target_probs, key, gamma):
+def _gamma_ignored(slots, gamma, bonus_drafted):
     """Every slot tested, as if the batch's γ were the program's slot count."""
-    return _accept_first(draft_tokens, draft_probs, target_probs, key, draft_tokens.shape[1])
+    return None
 
 
 def _residual_ignored(target_probs_at_n, draft_probs_at_n, uniforms):
@@ -397,17 +390,17 @@ def _residual_ignored(target_probs_at_n, draft_probs_at_n, uniforms):
     return _sample_next_token(target_probs_at_n, jnp.zeros_like(draft_probs_at_n), uniforms)
 
 
-_accept_first, _sample_next_token = acceptance.accept_first, acceptance.sample_next_token
+_sample_next_token = acceptance.sample_next_token
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "replacement"),
-    [("accept_first", _gamma_ignored), ("sample_next_token", _residual_ignored)],
+    [("_live", _gamma_ignored), ("sample_next_token", _residual_ignored)],
 )
 def test_the_shared_loops_negative_controls_fail(name, replacement, monkeypatch):
-    """The shared loop runs its own masked rule (``acceptance.accept_first``): testing
-    the slots after γ, or drawing the next token from p, must fail."""
+    """The shared loop runs the rule masked to the batch's γ (``acceptance._live``):
+    testing the slots after γ, or drawing the next token from p, must fail."""
     monkeypatch.setattr(acceptance, name, replacement)
     decoding.clear_compiled()
     try:

@@ -48,7 +48,7 @@ def pipelined_generate(draft_table, config, gamma, prompts, *, seed=0, stale_q=F
     draft_cache = decoding.prefill_fn(draft)(table.init_cache(rows, 16), prompt, lengths)
     score = jax.jit(decoding.score_and_count(target, config))
     ahead = jax.jit(decoding.propose_ahead(draft, gamma, config, None))
-    settle = jax.jit(functools.partial(decoding.settle, eos_id=None))
+    settle = jax.jit(functools.partial(decoding.settle, eos_id=None, config=config))
     missed = jax.jit(decoding.propose_missed(draft, gamma, config))
     tokens, probs, token_probs, draft_cache = jax.jit(decoding.propose_first(draft, gamma, config))(
         draft_cache, state
@@ -82,8 +82,8 @@ def test_pipelined_tokens_are_the_sequential_loops(draft, gamma, temperature):
         tokens, speculative_samples(DRAFTS[draft], config, gamma, 7, ragged).tokens
     )
     assert kept > 0, "no row kept an early block: the pipelined path was not exercised"
-    if draft == "equal" and temperature == 0:  # its guess is the target's greedy token
-        assert fresh == 0
+    if draft == "equal":  # its guess is the target's greedy token, or at T > 0 its
+        assert fresh == 0  # drafted bonus, which passes its test as every token of it does
     else:
         assert fresh > 0, "every early block stood: the fresh-proposal path was not exercised"
 

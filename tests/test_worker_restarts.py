@@ -355,16 +355,17 @@ def test_a_job_whose_target_is_killed_writes_every_record_identical(
 
 
 @pytest.mark.slow
-def test_under_the_invariant_rule_a_killed_target_changes_no_sampled_token(
-    ray_local, monkeypatch, job_dir
+@pytest.mark.parametrize("rule", ["invariant", "paper"])
+def test_a_killed_target_changes_no_sampled_token_under_either_rule(
+    ray_local, monkeypatch, job_dir, rule
 ):
-    """--sampling invariant: a Ray job at --gamma auto whose target dies and restarts
-    mid-job writes the tokens of an in-process job at a fixed γ (another engine, another
-    γ path, no restart): each token is the target's own seeded sample at its position."""
-    invariant = ("--sampling", "invariant")
-    expected = _job(job_dir, "invariant_fixed", "inprocess", *invariant, "--gamma", "2")
+    """A Ray job at --gamma auto whose target dies and restarts mid-job writes the tokens
+    of an in-process job at a fixed γ (another engine, another γ path, no restart): each
+    token depends on its prefix and its position's keys only."""
+    flags = ("--sampling", rule)
+    expected = _job(job_dir, f"{rule}_fixed", "inprocess", *flags, "--gamma", "2")
     job = _job_with_a_killed_target(
-        monkeypatch, job_dir, "invariant_killed", *invariant, "--gamma", "auto"
+        monkeypatch, job_dir, f"{rule}_killed", *flags, "--gamma", "auto"
     )
     assert job.code == 0 and job.dead == [] and len(job.rows) == 20
     assert job.summary["worker_restarts"]["target"] >= 1

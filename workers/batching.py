@@ -25,7 +25,7 @@ LENGTH_BUCKET = 16  # prompt and encoder widths pad to multiples of this (few co
 class DecodeSettings:
     """How a job decodes. Hashable, so compiled steps can be cached by it."""
 
-    gamma: int = 4  # drafted tokens per iteration
+    gamma: int = 4  # drafted tokens per iteration (the drafted bonus position not counted)
     sampling: SamplingConfig = GREEDY
     seed: int = 0  # job seed; with the request key it fixes every random draw
     eos_id: int | None = EOS_ID  # stop a row at this token; None: never
@@ -36,8 +36,11 @@ class DecodeSettings:
     slots: int | None = None
 
     def __post_init__(self):
-        if self.gamma < 1:
-            raise ValueError(f"gamma must be >= 1, got {self.gamma}")
+        if self.gamma < 1 - self.sampling.drafts_bonus:
+            raise ValueError(
+                f"gamma must be >= 1, got {self.gamma} (0 only where the draft proposes the "
+                "bonus position: the paper's rule at a temperature above 0)"
+            )
         if self.slots is not None and self.slots < self.gamma:
             raise ValueError(f"slots must be >= gamma ({self.gamma}), got {self.slots}")
         if self.max_new_tokens < 1:

@@ -26,7 +26,12 @@ def build_engine(
     check_models(config, target=target, draft=draft)
     policy = None
     if config.adaptive:
-        policy = AdaptiveGamma(settings.gamma, prior=draft.gamma_prior, batches=batches)
+        policy = AdaptiveGamma(
+            settings.gamma,
+            prior=draft.gamma_prior,
+            batches=batches,
+            speculative_zero=settings.sampling.drafts_bonus,
+        )
     elif config.target_alone:
         policy = TargetAlone()
     if config.kind == "ray":

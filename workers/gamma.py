@@ -13,9 +13,13 @@ maximises the batch's tokens per second; per step they only blurred the comparis
 (a γ with fewer steps carried a larger share of them).
 
 γ = 0 runs the target alone for that batch: the same tokens as the baseline (the
-baseline is the target). For γ ≥ 1 every iteration is Algorithm 1 at that γ; the
-choice depends only on earlier batches, never on the draws of the batch it is used
-for, so each record's output keeps the target's distribution.
+baseline is the target). Under the paper's rule at a temperature above 0 the target alone
+would draw other samples than the speculative loop (``SamplingConfig.drafts_bonus``: there
+every token is the draft's proposal, tested), so there γ = 0 is the loop with nothing but
+the bonus position drafted (``speculative_zero``): one draft step and a target call on one
+token per token, and the same samples as every other γ. For γ ≥ 1 every iteration is
+Algorithm 1 at that γ; the choice depends only on earlier batches, never on the draws of
+the batch it is used for, so each record's output keeps the target's distribution.
 
 Start: a prior (α, the draft's cost ratio c, the target's cost growth per verified
 token at batch 1), which the draft's model config gives (``gamma_prior:``, measured with its
@@ -110,6 +114,7 @@ class AdaptiveGamma:
         explore_every: int = 4,
         explore_tests: int = 64,
         batches: int | None = None,
+        speculative_zero: bool = False,
     ):
         if gamma_max < 0:
             raise ValueError(f"gamma_max must be >= 0, got {gamma_max}")
@@ -118,6 +123,9 @@ class AdaptiveGamma:
         self.gamma_max, self.prior = gamma_max, prior or GammaPrior()
         self.explore_every, self.explore_tests = explore_every, explore_tests
         self.batches = batches  # the job's batches, where known (an upper bound will do)
+        # γ = 0 runs speculative(0), the draft proposing the bonus position alone: the
+        # target alone would draw other samples (the module's docstring)
+        self.speculative_zero = speculative_zero
         self._tests = np.zeros(gamma_max)
         self._passes = np.zeros(gamma_max)
         # γ -> (seconds, loop steps) summed over the batches timed at that γ.
@@ -158,13 +166,16 @@ class AdaptiveGamma:
         slope = self.prior.slope_at(rows)
         measured = {g: s / n for g, (s, n) in self._time.items() if n > 0}
         c = self._c(slope) if draft_c is None else draft_c
+        # the loop's own work per step; with the bonus position drafted, one more draft
+        # step at every γ (γ = 0 included)
+        overhead = self.prior.overhead + (c if self.speculative_zero else 0.0)
         # in units of the target's call on one token, the loop's work included
         unit = theory.iteration_costs(
             self.gamma_max,
             target_step_s=1.0,
             draft_c=c,
             target_slope=slope,
-            overhead_s=self.prior.overhead,
+            overhead_s=overhead,
         )
         call = 1.0  # seconds of that call: from the measured γ nearest 0, if any
         if measured:
@@ -175,7 +186,7 @@ class AdaptiveGamma:
             target_step_s=call,
             draft_c=c,
             target_slope=slope,
-            overhead_s=self.prior.overhead * call,
+            overhead_s=overhead * call,
             measured_s=measured,
         )
 
@@ -261,8 +272,9 @@ class AdaptiveGamma:
 
     def _loop_paid(self, shape: tuple) -> bool:
         """Whether ``shape`` has its speculative loop, or has forgone enough to buy it
-        and, where the job's batches are known, has enough batches left to earn it."""
-        if shape in self._loop_shapes:
+        and, where the job's batches are known, has enough batches left to earn it
+        (always with ``speculative_zero``: every batch runs the loop)."""
+        if shape in self._loop_shapes or self.speculative_zero:
             return True
         compile_s = (
             float(np.median(self._loop_compiles))
@@ -389,12 +401,14 @@ class AdaptiveGamma:
         baseline: Callable[[], DecodeResult],
     ) -> tuple[DecodeResult, int, float]:
         """Decodes one packed batch, once, at the γ chosen now: ``speculative(γ)`` for
-        γ ≥ 1, ``baseline()`` (the target alone) for γ = 0; observes what it measured.
+        γ ≥ 1, ``baseline()`` (the target alone) for γ = 0 (``speculative(0)`` with
+        ``speculative_zero``); observes what it measured.
         Returns (result, γ, wall seconds). A batch that compiled a program is not timed
         for the policy (:meth:`_timed`): its seconds would price compilation as decoding."""
         rows, shape = batch.prompt_tokens.shape[0], batch.program_shape()
         gamma = self.choose(rows=rows, shape=shape)
-        run = baseline if gamma == 0 else (lambda: speculative(gamma))
+        alone = gamma == 0 and not self.speculative_zero
+        run = baseline if alone else (lambda: speculative(gamma))
         result, seconds, compiled = self._timed(batch, gamma, run)
         self._account(shape, gamma, rows, result, seconds, compiled)
         self.observe(

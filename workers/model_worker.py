@@ -74,8 +74,8 @@ def _propose_ahead_fn(forward, gamma: int, config: SamplingConfig, eos_id: int |
 
 
 @functools.lru_cache(maxsize=decoding.COMPILED_CACHE_SIZE)
-def _settle_fn(eos_id: int | None):
-    return jax.jit(functools.partial(decoding.settle, eos_id=eos_id))
+def _settle_fn(eos_id: int | None, config: SamplingConfig):
+    return jax.jit(functools.partial(decoding.settle, eos_id=eos_id, config=config))
 
 
 @decoding.program_cache
@@ -252,7 +252,7 @@ class ModelWorker(recovery.Restartable):
         guess, tokens, probs, token_probs = self._early.pop(batch_id)
         active = np.flatnonzero(~np.asarray(state.done))
         target_at_n = dense_rows(target_at_n, active, draft_probs.shape[::2])
-        new_state, hit = _settle_fn(settings.eos_id)(
+        new_state, hit = _settle_fn(settings.eos_id, settings.sampling)(
             state, draft_tokens, draft_probs, n_accepted, target_at_n, guess
         )
         kept = bool(np.asarray(hit).all())
