@@ -24,7 +24,7 @@ from tests.test_exactness import (
     SAMPLES,
     TARGET,
     VOCAB,
-    _biased_accept,
+    _biased_draft_half,
     exact_distribution,
     g_test_pvalue,
 )
@@ -313,13 +313,13 @@ def test_negative_control_biased_rule_is_caught_with_the_copy_draft(monkeypatch)
     """Resampling from p (not norm(max(0, p − q))) after a rejected copy gives the copied
     token twice its chance: the same test on the same data sizes must catch it."""
     config = SamplingConfig(temperature=1.0)
-    monkeypatch.setattr(acceptance, "accept", _biased_accept)
-    decoding._compiled_loop_fn.cache_clear()
+    monkeypatch.setattr(acceptance, "draft_half", _biased_draft_half)
+    decoding.clear_compiled()
     try:
         result = _copy_samples(config, 3, composite=False, seed=1234)
     finally:
         monkeypatch.undo()
-        decoding._compiled_loop_fn.cache_clear()
+        decoding.clear_compiled()
     pvalue = g_test_pvalue(result.tokens, exact_distribution(TARGET, config))
     assert pvalue < 1e-6, f"the biased rule went undetected (p={pvalue:.2e})"
 

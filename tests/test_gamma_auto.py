@@ -558,13 +558,13 @@ def test_samples_follow_the_target_while_gamma_changes(draft, config):
 @pytest.mark.slow
 def test_negative_control_wrong_rule_is_caught_while_gamma_changes(monkeypatch):
     config = SamplingConfig(temperature=1.0)
-    monkeypatch.setattr(acceptance, "accept", exact._biased_accept)
-    decoding._verify_commit_fn.cache_clear()
+    monkeypatch.setattr(acceptance, "draft_half", exact._biased_draft_half)
+    decoding.clear_compiled()
     try:
         samples = _samples_with_changing_gamma(exact.DRAFTS["independent"], config, seed=4321)
     finally:
         monkeypatch.undo()
-        decoding._verify_commit_fn.cache_clear()
+        decoding.clear_compiled()
     pvalue = exact.g_test_pvalue(samples, exact.exact_distribution(exact.TARGET, config))
     assert pvalue < 1e-6, f"the wrong rule went undetected under changing γ (p={pvalue:.2e})"
 
