@@ -34,6 +34,7 @@ import logging
 import os
 import pathlib
 import sys
+from typing import TYPE_CHECKING
 
 from pipelines.arguments import ranged as _ranged
 from pipelines.compile_cache import DEFAULT_COMPILE_CACHE as DEFAULT_COMPILE_CACHE
@@ -62,6 +63,9 @@ from workers.spec import (
     ENGINE_KINDS,
     TRANSPORTS,
 )
+
+if TYPE_CHECKING:
+    from pipelines.job_summary import JobSummary
 
 log = logging.getLogger(__name__)
 
@@ -240,19 +244,18 @@ def _job(kind_name: str, args: argparse.Namespace) -> int:
     return job_exit_code(summary)
 
 
-def job_exit_code(summary: dict) -> int:
+def job_exit_code(summary: JobSummary) -> int:
     """EXIT_OK when every record came out, else EXIT_DEAD_LETTERS (with a stderr line)."""
-    failed = summary["records_failed"]
-    if not failed and summary["records_out"] == summary["records_in"]:
+    failed, total = summary.records_failed, summary.records_in
+    if not failed and summary.records_out == total:
         return EXIT_OK
-    reasons = ", ".join(f"{n} {reason}" for reason, n in summary["failed_by_reason"].items())
-    total = summary["records_in"]
-    what = f"all {total}" if summary["records_out"] == 0 else f"{failed} of {total}"
+    reasons = ", ".join(f"{n} {reason}" for reason, n in summary.failed_by_reason.items())
+    what = f"all {total}" if summary.records_out == 0 else f"{failed} of {total}"
     log.error(
         "specdec: error: %s records went to the dead letters (%s); see %s",
         what,
         reasons,
-        summary["dead_letter"],
+        summary.dead_letter,
     )
     return EXIT_DEAD_LETTERS
 

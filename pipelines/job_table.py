@@ -1,4 +1,4 @@
-"""The job's printed table: the summary (``pipelines.job_report.compute_summary``) as
+"""The job's printed table: the summary (:class:`pipelines.job_summary.JobSummary`) as
 label / value lines, as ``specdec translate`` and ``specdec summarize`` print it."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from pipelines.job_report import draft_name
 
 if TYPE_CHECKING:
     from pipelines.job_config import JobConfig
+    from pipelines.job_summary import JobSummary
 
 
 def _step_costs_line(costs: dict | None) -> str:
@@ -39,7 +40,7 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
+def format_summary(job: JobConfig, summary: JobSummary) -> str:
     """The human-readable table printed at the end of a job."""
     sampling = job.settings.sampling
     rows = [
@@ -53,57 +54,57 @@ def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
         ),
         (
             "records in / out / failed",
-            f"{summary['records_in']} / {summary['records_out']} / {summary['records_failed']}",
+            f"{summary.records_in} / {summary.records_out} / {summary.records_failed}",
         ),
-        ("failed by reason", _fmt(summary["failed_by_reason"])),
+        ("failed by reason", _fmt(summary.failed_by_reason)),
         ("speedup (whole decode path)", _speedup_line(summary)),
-        ("  the loops' timers alone", _fmt(summary.get("speedup_loop"))),
+        ("  the loops' timers alone", _fmt(summary.speedup_loop)),
         ("  of which compiling (s)", _compile_line(summary)),
-        ("tokens/s speculative (loop)", _fmt(summary["tokens_per_s"])),
-        ("tokens/s target alone (loop)", _fmt(summary["baseline_tokens_per_s"])),
-        ("acceptance rate α (ML)", _fmt(summary["alpha"])),
-        ("  accepted / drafted", _fmt(summary["accepted_per_drafted"])),
+        ("tokens/s speculative (loop)", _fmt(summary.tokens_per_s)),
+        ("tokens/s target alone (loop)", _fmt(summary.baseline_tokens_per_s)),
+        ("acceptance rate α (ML)", _fmt(summary.alpha)),
+        ("  accepted / drafted", _fmt(summary.accepted_per_drafted)),
         (
             "batches at each γ",
-            ", ".join(f"γ={g}: {n}" for g, n in (summary.get("gamma_histogram") or {}).items()),
+            ", ".join(f"γ={g}: {n}" for g, n in (summary.gamma_histogram or {}).items()),
         ),
-        ("tokens per iteration", _fmt(summary["mean_accepted_length"])),
-        ("  predicted from α", _fmt(summary["predicted_tokens_per_iteration"])),
-        ("acceptance by position", _fmt(summary["acceptance_by_position"])),
-        ("cost coefficient c (est.)", _fmt(summary["c_estimate"])),
-        ("  a drafted token in the loop", _fmt(summary.get("draft_c_loop"))),
-        ("predicted speedup (costs)", _fmt(summary.get("predicted_speedup"))),
-        ("  loop's measured / predicted", _fmt(summary.get("efficiency"))),
-        ("  target alone at its call", _fmt(summary.get("baseline_at_limit"))),
-        ("step costs (ms)", _step_costs_line(summary.get("step_costs_ms"))),
-        ("bytes per iteration (Ray)", _fmt(summary["bytes_per_iteration"])),
-        ("early blocks kept (pipelined)", _early_blocks(summary.get("early_blocks"))),
+        ("tokens per iteration", _fmt(summary.mean_accepted_length)),
+        ("  predicted from α", _fmt(summary.predicted_tokens_per_iteration)),
+        ("acceptance by position", _fmt(summary.acceptance_by_position)),
+        ("cost coefficient c (est.)", _fmt(summary.c_estimate)),
+        ("  a drafted token in the loop", _fmt(summary.draft_c_loop)),
+        ("predicted speedup (costs)", _fmt(summary.predicted_speedup)),
+        ("  loop's measured / predicted", _fmt(summary.efficiency)),
+        ("  target alone at its call", _fmt(summary.baseline_at_limit)),
+        ("step costs (ms)", _step_costs_line(summary.step_costs_ms)),
+        ("bytes per iteration (Ray)", _fmt(summary.bytes_per_iteration)),
+        ("early blocks kept (pipelined)", _early_blocks(summary.early_blocks)),
         (
             "time breakdown (s)",
             ", ".join(
                 f"{phase} {seconds:.1f}"
-                for phase, seconds in (summary.get("time_breakdown") or {}).items()
+                for phase, seconds in (summary.time_breakdown or {}).items()
             ),
         ),
     ]
     if job.kind.quality_metric == "bleu":
-        rows.append(("BLEU", _fmt(summary["bleu"])))
+        rows.append(("BLEU", _fmt(summary.bleu)))
     else:
         rows.append(
-            ("ROUGE-1/2/L", " / ".join(_fmt(summary[k]) for k in ("rouge1", "rouge2", "rougeL")))
+            ("ROUGE-1/2/L", " / ".join(map(_fmt, (summary.rouge1, summary.rouge2, summary.rougeL))))
         )
     rows += [
-        ("identical to the target alone", _fmt(summary["identical_to_baseline"])),
-        ("outputs", summary["output"]),
-        ("dead letters", summary["dead_letter"]),
-        *([("resumed records", str(n))] if (n := summary.get("records_resumed")) else []),
+        ("identical to the target alone", _fmt(summary.identical_to_baseline)),
+        ("outputs", summary.output),
+        ("dead letters", summary.dead_letter),
+        *([("resumed records", str(summary.records_resumed))] if summary.records_resumed else []),
         (
             "MLflow run",
-            f"{summary['mlflow_run_id']} (experiment {job.kind.name!r})"
-            if summary.get("mlflow_run_id")
-            else f"none: {summary.get('mlflow_error')} (specdec log-run logs it later)",
+            f"{summary.mlflow_run_id} (experiment {job.kind.name!r})"
+            if summary.mlflow_run_id
+            else f"none: {summary.mlflow_error} (specdec log-run logs it later)",
         ),
-        ("browse", f"specdec ui --tracking-uri {summary['tracking_uri']}"),
+        ("browse", f"specdec ui --tracking-uri {summary.tracking_uri}"),
     ]
     width = max(len(name) for name, _ in rows)
     lines = [f"specdec {job.kind.name}: done {_job_time(summary)}"]
@@ -111,10 +112,10 @@ def format_summary(job: JobConfig, summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _compile_line(summary: dict) -> str:
+def _compile_line(summary: JobSummary) -> str:
     """Seconds each path spent compiling, inside its time (the first batch of each
     program shape); says so when the speculative side's was longer."""
-    spec, base = summary.get("compile_s"), summary.get("baseline_compile_s")
+    spec, base = summary.compile_s, summary.baseline_compile_s
     if spec is None:
         return "n/a"
     line = f"speculative {spec:.3g}"
@@ -125,24 +126,24 @@ def _compile_line(summary: dict) -> str:
     return line
 
 
-def _speedup_line(summary: dict) -> str:
+def _speedup_line(summary: JobSummary) -> str:
     """The headline ratio and the two paths' wall times it comes from."""
-    if summary.get("speedup") is None:
+    if summary.speedup is None:
         return "n/a"
     return (
-        f"{_fmt(summary['speedup'])} (speculative {summary['decode_path_s']:.3g} s, "
-        f"target alone {summary['baseline_path_s']:.3g} s)"
+        f"{_fmt(summary.speedup)} (speculative {summary.decode_path_s:.3g} s, "
+        f"target alone {summary.baseline_path_s:.3g} s)"
     )
 
 
-def _job_time(summary: dict) -> str:
+def _job_time(summary: JobSummary) -> str:
     """The job's time since its process started (what a user waits), then its parts."""
-    phases = summary.get("time_breakdown") or {}
+    phases = summary.time_breakdown or {}
     before = phases.get("startup", 0.0) + phases.get("ray_start", 0.0)
-    text = f"{summary['job_s'] + before:.1f} s after the process started"
-    parts = [f"{summary['job_s']:.1f} s after imports and Ray's start"]
-    if summary.get("first_record_s") is not None:
-        parts.append(f"first record at {summary['first_record_s']:.1f} s")
+    text = f"{summary.job_s + before:.1f} s after the process started"
+    parts = [f"{summary.job_s:.1f} s after imports and Ray's start"]
+    if summary.first_record_s is not None:
+        parts.append(f"first record at {summary.first_record_s:.1f} s")
     return f"{text} ({'; '.join(parts)})"
 
 

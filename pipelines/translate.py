@@ -23,7 +23,8 @@ Beam runs on the in-process ``FnApiRunner`` unless the Beam options (``specdec
 translate ... -- --runner=...``) name another runner. After the pipeline the job
 assembles the output and dead-letter JSONL from the parts, reads both files back,
 asserts that their ids partition the input ids
-(:func:`pipelines.record_io.check_partition`), computes the summary and logs one MLflow run
+(:func:`pipelines.record_io.check_partition`), computes the summary
+(:class:`pipelines.job_summary.JobSummary`) and logs one MLflow run
 (:mod:`pipelines.job_report`).
 
 Timing: every batch is decoded once per path. The first batch of each padded shape
@@ -44,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipelines import job_prediction, job_report, part_files, previous_run, record_io
 from pipelines.job_config import JobConfig, default_summary_path
+from pipelines.job_summary import JobSummary
 from workers.background import Background
 from workers.engine import EngineConfig
 from workers.gamma import GammaPrior
@@ -62,7 +64,7 @@ ENGINE_PHASES = ("engine_start", "decode", "baseline")
 # ------------------------------------------------------------------------ the job
 
 
-def run_job(job: JobConfig) -> dict[str, Any]:
+def run_job(job: JobConfig) -> JobSummary:
     """Reads the input, runs the pipeline, checks no id was lost, logs and returns the summary.
 
     Resumable: finished records go to part files in ``<output>.parts/`` as they come
@@ -199,12 +201,14 @@ def run_job(job: JobConfig) -> dict[str, Any]:
         phases["mlflow"] += time.perf_counter() - log_start
     if ray_stop is not None:
         ray_stop.wait()
-    summary |= {"mlflow_run_id": run.run_id, "mlflow_error": run.error}
+    result = JobSummary.from_mapping(
+        summary | {"mlflow_run_id": run.run_id, "mlflow_error": run.error}
+    )
     if run.error is not None:
-        summary["mlflow_pending"] = job_report.saved_run(job)
+        result = result.replace(mlflow_pending=job_report.saved_run(job))
     if job.summary_json or run.error is not None:
-        part_files.write_atomic(summary_path, json.dumps(summary, indent=2) + "\n")
-    return summary
+        part_files.write_atomic(summary_path, json.dumps(result.to_dict(), indent=2) + "\n")
+    return result
 
 
 def _with_previous_prior(job: JobConfig, run, params) -> tuple[JobConfig, str | None]:

@@ -28,6 +28,7 @@ from pipelines import (
     transforms,
 )
 from pipelines.cli import main
+from pipelines.job_summary import JobSummary
 from pipelines.model_resolver import DEFAULT_VOCAB
 from specdec_core import costs as speculative_costs
 from specdec_core import theory
@@ -232,6 +233,10 @@ def test_greedy_job_writes_every_record_and_equals_the_baseline(run_job):
     assert summary["rouge1"] is None and summary["bytes_per_iteration"] is None
     assert re.fullmatch(r"[0-9a-f]{32}", summary["mlflow_run_id"])
     assert SUMMARY_KEYS <= set(summary)
+    # the JSON is the typed summary, every field of it (log-run's field only where MLflow failed)
+    fields = {f.name for f in dataclasses.fields(JobSummary)}
+    assert set(summary) == fields - {"mlflow_pending"}
+    assert JobSummary.from_mapping(summary).to_dict() == summary
     # the cost model's prediction, from the model calls timed after the run
     assert summary["predicted_speedup"] > 0 and summary["baseline_at_limit"] > 0
     assert summary["efficiency"] == pytest.approx(
@@ -245,7 +250,7 @@ def test_greedy_job_writes_every_record_and_equals_the_baseline(run_job):
 def test_the_printed_time_counts_from_the_process_start(run_job):
     summary = run_job("inprocess", 0.0, "--compare-baseline").summary
     phases = summary["time_breakdown"]
-    printed = job_table._job_time(summary)  # the first line of the job's table
+    printed = job_table._job_time(JobSummary.from_mapping(summary))  # the table's first line
     total = float(printed.split(" s after the process started")[0])
     before = phases["startup"] + phases.get("ray_start", 0.0)  # imports, Ray's start
     assert total == pytest.approx(summary["job_s"] + before, abs=0.05)
@@ -824,3 +829,12 @@ def test_the_prediction_speeds_up_the_loop_not_the_batches_fixed_work():
     walled = job_prediction.prediction(rows, summary, costs)
     assert walled["draft_c_loop"] is None and walled["step_costs_ms"]["batch_fixed"] is None
     assert walled["baseline_at_limit"] == pytest.approx(0.03 / 0.05)
+
+
+def test_a_summary_names_the_fields_it_lacks_or_does_not_know():
+    figures = {f.name: None for f in dataclasses.fields(JobSummary)}
+    assert JobSummary.from_mapping(figures).to_dict().keys() == figures.keys() - {"mlflow_pending"}
+    with pytest.raises(ValueError, match=r"unknown \['speedup_typo'\], missing \['alpha'\]"):
+        JobSummary.from_mapping(
+            {k: v for k, v in figures.items() if k != "alpha"} | {"speedup_typo": 1}
+        )
