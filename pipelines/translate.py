@@ -81,22 +81,9 @@ def run_job(job: JobConfig) -> JobSummary:
     """
     from pipelines import tracking
 
-    records = record_io.read_records(job.input, fields=job.kind.fields, limit=job.limit)
-    if not records:
-        raise record_io.InputError(f"no records in {job.input}")
+    records, parts, done = _records_and_parts(job)
     input_ids = [r.id for r in records]
-    parts = part_files.parts_dir(job.output)
-    part_files.start_parts(parts, resume_settings(job))
-    done = {row["id"] for group in part_files.read_parts(parts) for row in group}
-    unknown = sorted(done - set(input_ids))
-    if unknown:
-        raise record_io.ResumeError(
-            f"{parts} holds ids that {job.input} does not have ({', '.join(unknown[:5])}); "
-            "delete it to start afresh"
-        )
     todo = [r for r in records if r.id not in done]
-    if done:  # said even with --quiet: not a progress line
-        log.info("  resuming: %d of %d records are done in %s", len(done), len(records), parts)
     tracking_uri = job.tracking_uri or tracking.default_tracking_uri()
     # Ray's daemons and MLflow's store start while this process imports Beam; the job
     # waits for each where it needs it (the phases count only that wait).
@@ -167,19 +154,12 @@ def run_job(job: JobConfig) -> JobSummary:
             phases["cost_probe"] = time.perf_counter() - probe_start
         close_engines(job_id)  # the probe timed their models: Ray may stop now
         ray_stop = _stop_ray(ray_start)
+        summary |= _engine_figures(
+            engines, early_ray=ray_start is not None and ray_start.name == EARLY_NAME
+        )
         summary |= {
             "records_resumed": len(done),
-            "bytes_per_iteration": traffic["bytes_per_iteration"] if traffic else None,
-            "worker_restarts": traffic["worker_restarts"] if traffic else None,
-            "placement": traffic["placement"] if traffic else None,  # Ray node per role
-            "ray_started_early": ray_start is not None and ray_start.name == EARLY_NAME,
-            "early_blocks": traffic["early_blocks"] if traffic else None,  # --pipelined
             "job_s": time.perf_counter() - started,
-            "first_record_s": (
-                engines.first_record_at - process_started_at()
-                if engines and engines.first_record_at is not None
-                else None
-            ),
             "time_breakdown": phases,
             # --gamma auto's prior: the draft config's, updated by an earlier run's figures
             "gamma_prior": (
@@ -209,6 +189,45 @@ def run_job(job: JobConfig) -> JobSummary:
     if job.summary_json or run.error is not None:
         part_files.write_atomic(summary_path, json.dumps(result.to_dict(), indent=2) + "\n")
     return result
+
+
+def _records_and_parts(job: JobConfig) -> tuple[list, str, set[str]]:
+    """(the input's records, the job's part folder, the ids its parts already hold): the
+    parts of a killed run with the same settings are resumed; parts of other settings,
+    or with ids the input lacks, raise record_io.ResumeError."""
+    records = record_io.read_records(job.input, fields=job.kind.fields, limit=job.limit)
+    if not records:
+        raise record_io.InputError(f"no records in {job.input}")
+    parts = part_files.parts_dir(job.output)
+    part_files.start_parts(parts, resume_settings(job))
+    done = {row["id"] for group in part_files.read_parts(parts) for row in group}
+    unknown = sorted(done - {r.id for r in records})
+    if unknown:
+        raise record_io.ResumeError(
+            f"{parts} holds ids that {job.input} does not have ({', '.join(unknown[:5])}); "
+            "delete it to start afresh"
+        )
+    if done:  # said even with --quiet: not a progress line
+        log.info("  resuming: %d of %d records are done in %s", len(done), len(records), parts)
+    return records, parts, done
+
+
+def _engine_figures(engines: EngineMetrics | None, *, early_ray: bool) -> dict[str, Any]:
+    """The summary's figures of the engines (None where no record was decoded, or
+    where the engine does not have them: Ray's traffic, restarts and nodes, the
+    pipelined loop's early blocks), and when the first record came out."""
+    from pipelines.inference import process_started_at
+
+    traffic = engines.traffic if engines else None
+    first = engines.first_record_at if engines else None
+    return {
+        "bytes_per_iteration": traffic["bytes_per_iteration"] if traffic else None,
+        "worker_restarts": traffic["worker_restarts"] if traffic else None,
+        "placement": traffic["placement"] if traffic else None,  # Ray node per role
+        "ray_started_early": early_ray,
+        "early_blocks": traffic["early_blocks"] if traffic else None,  # --pipelined
+        "first_record_s": first - process_started_at() if first is not None else None,
+    }
 
 
 def _with_previous_prior(job: JobConfig, run, params) -> tuple[JobConfig, str | None]:
