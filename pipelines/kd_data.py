@@ -19,7 +19,9 @@ output folder (``configs/models/ende_draft_debian_seq2.yaml``).
 Every input gets a line (a decode that hits ``--max-new-tokens`` is written truncated
 and counted); the output is a pure function of the teacher, the inputs and the seed.
 
-A long run loses little when it stops: the inputs are decoded in parts of
+``--processes N`` decodes the parts in N processes (part i in process i mod N), for a
+machine whose cores one decoding process leaves idle; the first process then writes the
+folder from every part. A long run loses little when it stops: the inputs are decoded in parts of
 :data:`PART_INPUTS`, each written to ``parts/`` as soon as it is done (token ids as JSON,
 named by a hash of the teacher's parameter values, the settings and the part's inputs). A
 rerun with the same flags decodes only the parts that are missing, and a rerun with a
@@ -179,10 +181,25 @@ def build(
     seed: int = 0,
     batch_size: int = 32,
     max_new_tokens: int = 64,
+    processes: int = 1,
+    shard: tuple[int, int] | None = None,
     log=print,
 ) -> dict:
-    """Writes the distillation data folder; returns what kd.json records."""
+    """Writes the distillation data folder; returns what kd.json records.
+
+    ``processes`` > 1: the parts are decoded by that many processes first (module
+    docstring). ``shard=(i, n)``: only decode the parts whose index is i mod n, and write
+    nothing else (one of those processes)."""
     import sentencepiece as spm
+
+    if processes > 1:
+        settings = dict(
+            teacher_config=teacher_config, output=output, teacher_checkpoint=teacher_checkpoint,
+            inputs=inputs, limit=limit, temperatures=temperatures, seed=seed,
+            batch_size=batch_size, max_new_tokens=max_new_tokens,
+        )  # fmt: skip
+        _decode_in_processes(settings, processes, log=log)
+        return build(**settings, log=log)
 
     model_file = configs.load_model_config(configs.resolve(teacher_config))
     if not families.get(model_file.family).is_encoder_decoder:
@@ -205,6 +222,8 @@ def build(
         tick, decoded = time.perf_counter(), 0
         outputs: list[list[int]] = []
         for first in range(0, len(encoded), PART_INPUTS):
+            if shard is not None and (first // PART_INPUTS) % shard[1] != shard[0]:
+                continue
             chunk = encoded[first : first + PART_INPUTS]
             settings = {
                 "teacher": teacher,
@@ -235,11 +254,15 @@ def build(
                 f"T={temperature:g}: {first + len(chunk)}/{len(encoded)} inputs "
                 f"({rate:.1f}/s; {len(outputs) - decoded} from earlier parts)"
             )
+        if shard is not None:
+            continue
         for en, ids in zip(english, outputs, strict=True):
             truncated += len(ids) >= max_new_tokens
             empty += not ids
             german = processor.decode(ids).replace("\t", " ").replace("\n", " ").strip()
             lines.append((en, german))
+    if shard is not None:
+        return {"shard": list(shard), "decoded_parts_in": str(parts)}
     output.mkdir(parents=True, exist_ok=True)
     ding.write_split(output / "train.tsv", lines)
     for split in ("validation", "test"):  # real references, as a Ding-style folder
@@ -269,6 +292,32 @@ def build(
     return info
 
 
+def _decode_in_processes(settings: dict, processes: int, *, log) -> None:
+    """The parts of :func:`build` with ``settings``, decoded by ``processes`` processes:
+    shards 1.. in child processes, shard 0 in this one; raises if a child fails."""
+    import subprocess
+
+    flags = []
+    for name, value in settings.items():
+        if value is None:
+            continue
+        value = ",".join(f"{t:g}" for t in value) if name == "temperatures" else value
+        flags += [f"--{name.replace('_', '-')}", str(value)]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-m", "pipelines.kd_data", *flags, "--shard", f"{i}/{processes}"],
+            cwd=configs.REPO_ROOT,
+        )
+        for i in range(1, processes)
+    ]
+    try:
+        build(**settings, shard=(0, processes), log=log)
+    finally:
+        codes = [child.wait() for child in children]
+    if any(codes):
+        raise RuntimeError(f"kd_data: a decoding process failed (exit codes {codes})")
+
+
 def _teacher_step(model_file: configs.ModelFileConfig, checkpoint: pathlib.Path | None):
     complete = train.complete_checkpoints(model_file.train_dir)
     if checkpoint is None and complete:
@@ -296,6 +345,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument(
+        "--processes", type=int, default=1, help="decode the parts in N processes (default 1)"
+    )
+    parser.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # I/N: one process's
 
 
 # build()'s keywords that the flags of the same name give as they are (not --temperatures)
@@ -317,8 +370,24 @@ def build_from_args(args: argparse.Namespace) -> dict:
     temperatures = parse_temperatures(args.temperatures)
     if args.limit < 0 or args.batch_size < 1 or args.max_new_tokens < 1:
         raise ValueError("--limit must be >= 0, --batch-size and --max-new-tokens >= 1")
+    if args.processes < 1:
+        raise ValueError(f"--processes must be >= 1, got {args.processes}")
     passed = {name: getattr(args, name) for name in _PASSED_FLAGS}
-    return build(**passed, temperatures=temperatures)
+    return build(
+        **passed,
+        temperatures=temperatures,
+        processes=args.processes,
+        shard=_shard(args.shard),
+    )
+
+
+def _shard(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    index, _, count = text.partition("/")
+    if not (index.isdigit() and count.isdigit() and int(index) < int(count)):
+        raise ValueError(f"--shard must be I/N with 0 <= I < N, got {text!r}")
+    return int(index), int(count)
 
 
 def run(args: argparse.Namespace) -> int:

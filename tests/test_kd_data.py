@@ -108,6 +108,8 @@ def test_select_inputs_reads_the_debian_corpus_with_its_sources_interleaved():
         (["--temperatures", "0,-1"], "--temperatures must be >= 0"),
         (["--temperatures", "zero"], "comma-separated numbers"),
         (["--batch-size", "0"], "--batch-size"),
+        (["--processes", "0"], "--processes must be >= 1"),
+        (["--shard", "2/2"], "--shard must be I/N"),
     ],
 )
 def test_cli_rejects_bad_settings_before_any_work(tiny_config, tmp_path, flags, message):  # noqa: F811
@@ -175,3 +177,47 @@ def test_a_stopped_run_resumes_from_its_parts_and_a_larger_limit_keeps_them(
     build(output=out, limit=4)
     assert calls == [0]
     assert ding.read_split(out, "train") == ding.read_split(fresh, "train")
+
+
+@pytest.mark.slow
+def test_shards_split_the_parts_and_processes_give_the_one_process_folder(
+    trained_teacher, tmp_path, monkeypatch
+):
+    build = functools.partial(
+        kd_data.build,
+        teacher_config=trained_teacher,
+        inputs="all",
+        limit=5,
+        temperatures=(0.0,),
+        batch_size=2,
+        max_new_tokens=6,
+        log=lambda line: None,
+    )
+    one = tmp_path / "one"
+    build(output=one)  # one process, one part: the folder to match
+
+    monkeypatch.setattr(kd_data, "PART_INPUTS", 1)  # the 4 inputs, a part each
+    real_decode, calls = kd_data.decode_all, []
+
+    def decode_all(model, encoded, **kwargs):
+        calls.append(kwargs["first_id"])
+        return real_decode(model, encoded, **kwargs)
+
+    monkeypatch.setattr(kd_data, "decode_all", decode_all)
+    out = tmp_path / "sharded"
+    assert build(output=out, shard=(1, 2))["shard"] == [1, 2]
+    assert calls == [1, 3] and not (out / "train.tsv").exists()
+    build(output=out, shard=(0, 2))
+    assert calls == [1, 3, 0, 2]
+    build(output=out)  # every part is there: nothing decoded, the folder written
+    assert calls == [1, 3, 0, 2]
+    assert ding.read_split(out, "train") == ding.read_split(one, "train")
+
+    # --processes 2 through the command line: a child process decodes shard 1
+    monkeypatch.undo()
+    cli = tmp_path / "cli"
+    argv = ["--teacher-config", str(trained_teacher), "--output", str(cli), "--inputs", "all"]
+    argv += ["--limit", "5", "--temperatures", "0", "--batch-size", "2"]
+    info = kd_data.main([*argv, "--max-new-tokens", "6", "--processes", "2"])
+    assert info["pairs"] == 4
+    assert ding.read_split(cli, "train") == ding.read_split(one, "train")
