@@ -12,6 +12,9 @@ the key and the file)::
     checkpoint: {...}            # CheckpointConfig
     teacher: null                # distillation teacher: a model YAML or a T5X checkpoint
                                  # folder (which then needs teacher_config: a model YAML)
+    target: ende_target_debian   # a T5 draft with num_encoder_layers 0 reads this model's
+                                 # encoder (its export; t5.SourceEncoder): a model name
+                                 # in configs/models or a model YAML
     worker: {...}                # WorkerConfig: the Ray resources and environment of the
                                  # model's worker (num_cpus, num_gpus, resources, env)
     mesh: {data: 1, model: 8}    # MeshConfig: the model's worker shards its params and
@@ -42,6 +45,7 @@ from specdec_core.models import decoder, families, t5
 from workers.gamma import GammaPrior
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+MODELS_DIR = REPO_ROOT / "configs" / "models"
 # The families a model YAML can name: those trained here and loaded from T5X checkpoints.
 FAMILIES = {name: families.get(name).config_class for name in families.with_weights("checkpoint")}
 
@@ -104,6 +108,8 @@ class CheckpointConfig:
     init_from: str = ""  # params-only checkpoint folder (e.g. another model's export, same
     #                      architecture) to start from when there is nothing to resume;
     #                      "" = random init
+    init_matching: bool = False  # take from init_from only the params of the same path and
+    #                      shape, the rest fresh (a draft started from one of another design)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -148,6 +154,7 @@ class ModelFileConfig:
     worker: WorkerConfig = dataclasses.field(default_factory=WorkerConfig)
     mesh: MeshConfig | None = None  # None: the model's worker uses one device
     gamma_prior: GammaPrior | None = None  # a draft's prior for --gamma auto; None: defaults
+    target: str | None = None  # the model YAML whose encoder this draft reads, or None
 
     @property
     def train_dir(self) -> pathlib.Path:
@@ -222,7 +229,7 @@ def build_dataclass(cls: type, values: Mapping[str, Any] | None, *, section: str
 
 
 TOP_LEVEL_KEYS = ("name", "family", "model", "data", "train", "checkpoint", "teacher")
-TOP_LEVEL_KEYS += ("teacher_config", "worker", "mesh", "gamma_prior")
+TOP_LEVEL_KEYS += ("teacher_config", "worker", "mesh", "gamma_prior", "target")
 
 
 def apply_overrides(raw: dict, overrides: Sequence[str], *, file: str) -> dict:
@@ -274,10 +281,15 @@ def load_model_config(path: str | pathlib.Path, overrides: Sequence[str] = ()) -
         raise ConfigError(f"{file}: missing key model")
     teacher = raw.get("teacher")
     teacher_config = raw.get("teacher_config")
+    model = build_dataclass(FAMILIES[family], raw["model"], section="model", file=file)
+    target = None
+    if raw.get("target") is not None:
+        target, model = _reading_target(raw["target"], model, family, file=file)
     return ModelFileConfig(
         name=str(raw.get("name", path.stem)),
         family=family,
-        model=build_dataclass(FAMILIES[family], raw["model"], section="model", file=file),
+        model=model,
+        target=target,
         data=build_dataclass(DataConfig, raw.get("data"), section="data", file=file),
         train=build_dataclass(TrainConfig, raw.get("train"), section="train", file=file),
         checkpoint=build_dataclass(
@@ -292,6 +304,29 @@ def load_model_config(path: str | pathlib.Path, overrides: Sequence[str] = ()) -
     )
 
 
+def _reading_target(ref: Any, model, family: str, *, file: str):
+    """(the target's YAML path, ``model`` reading the target's encoder) for ``target:``
+    (a model name in configs/models, or a YAML path)."""
+    if not isinstance(ref, str) or not ref:
+        raise ConfigError(f"{file}: target must be a model name or a model YAML, got {ref!r}")
+    path = resolve(ref) if ref.endswith((".yaml", ".yml")) else MODELS_DIR / f"{ref}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"{file}: target {ref!r}: no model config at {path}")
+    target = load_model_config(path)
+    if family != "t5" or target.family != "t5":
+        raise ConfigError(
+            f"{file}: target: a draft reads its target's encoder only when both are t5 "
+            f"(here {family} and {target.family})"
+        )
+    source = t5.SourceEncoder(
+        name=target.name, config=target.model, checkpoint=str(target.export_dir)
+    )
+    try:
+        return str(path), dataclasses.replace(model, source_encoder=source)
+    except ValueError as error:
+        raise ConfigError(f"{file}: target {target.name!r}: {error}") from error
+
+
 def _optional(cls: type, raw: Mapping, section: str, *, file: str):
     """``cls`` built from ``raw[section]``, or None where the file has no such section."""
     if raw.get(section) is None:
@@ -300,9 +335,10 @@ def _optional(cls: type, raw: Mapping, section: str, *, file: str):
 
 
 def param_count(config: t5.T5Config | decoder.DecoderConfig) -> int:
-    """Number of parameters ``init_params`` would make (from shapes, no memory)."""
+    """Number of parameters ``init_params`` would make (from shapes, no memory), less
+    those the model shares with another (its target's encoder)."""
     import jax
 
     family = families.of_config(config)
     shapes = jax.eval_shape(lambda: family.init_params(config, jax.random.key(0)))
-    return sum(int(x.size) for x in jax.tree.leaves(shapes))
+    return sum(int(x.size) for x in jax.tree.leaves(families.own_params(config, shapes)))

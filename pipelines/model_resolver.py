@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from workers.spec import ModelSpec, Placement, check_shared_vocabulary
+from workers.spec import ModelSpec, Placement, check_draft_target, check_shared_vocabulary
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO_ROOT / "configs" / "models"
@@ -300,6 +300,10 @@ def check_pair(target: ResolvedModel, draft: ResolvedModel, *, vocab_size: int) 
                 f"but the SentencePiece model has {vocab_size} pieces"
             )
     target_vocab = target.spec.config.vocab_size
+    try:
+        check_draft_target(target.spec.name, draft.spec.name, draft.spec.config)
+    except ValueError as error:
+        raise ModelResolutionError(f"--draft: {error}") from None
     try:
         check_shared_vocabulary(
             target.spec.name, target_vocab, draft.spec.name, draft.spec.config.vocab_size

@@ -55,19 +55,19 @@ class CheckpointError(ValueError):
 # ------------------------------------------------------------------------ tree helpers
 
 
-def _flatten(tree: Mapping, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+def flatten(tree: Mapping, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
     """Nested dict -> {key path: leaf}; tensorstore spec dicts count as leaves."""
     flat = {}
     for key, value in tree.items():
         path = (*prefix, str(key))
         if isinstance(value, Mapping) and not _is_ts_spec(value):
-            flat.update(_flatten(value, path))
+            flat.update(flatten(value, path))
         else:
             flat[path] = value
     return flat
 
 
-def _unflatten(flat: Mapping[tuple[str, ...], Any]) -> dict:
+def unflatten(flat: Mapping[tuple[str, ...], Any]) -> dict:
     tree: dict = {}
     for path, value in flat.items():
         node = tree
@@ -139,7 +139,7 @@ def _load_msgpack_checkpoint(file: pathlib.Path) -> dict:
     if not isinstance(state, Mapping):
         raise CheckpointError(file, "msgpack does not hold a T5X state dict")
     target = _target_of(state, file)
-    flat = _flatten(target)
+    flat = flatten(target)
     out = {}
     for key_path, leaf in flat.items():
         name = _name(key_path)
@@ -151,7 +151,7 @@ def _load_msgpack_checkpoint(file: pathlib.Path) -> dict:
             raise CheckpointError(
                 file, f"unexpected leaf of type {type(leaf).__name__}", param=name
             )
-    return _unflatten(out)
+    return unflatten(out)
 
 
 def _target_of(state: Mapping, file) -> Mapping:
@@ -211,12 +211,12 @@ def _load_orbax(state_dir: pathlib.Path) -> dict:
             raise CheckpointError(state_dir, f"cannot read array: {err}", param=name) from err
     if not out:
         raise CheckpointError(state_dir, "Orbax checkpoint has no 'target' params")
-    return _unflatten(out)
+    return unflatten(out)
 
 
 def check_params(params: Mapping, like: Mapping, *, path="<params>") -> None:
     """Raises ``CheckpointError`` unless ``params`` has exactly ``like``'s names and shapes."""
-    got, want = _flatten(params), _flatten(like)
+    got, want = flatten(params), flatten(like)
     missing = sorted(set(want) - set(got))
     if missing:
         raise CheckpointError(path, "missing from the checkpoint", param=_name(missing[0]))
@@ -249,12 +249,12 @@ def save_t5x(params: Mapping, directory, *, step: int) -> pathlib.Path:
     tmp_dir = final_dir.with_name(f"{final_dir.name}.tmp-{int(time.time() * 1e6)}")
     tmp_dir.mkdir(parents=True)
     specs = {}
-    for key_path, value in _flatten(params).items():
+    for key_path, value in flatten(params).items():
         array = np.asarray(jax.device_get(value))
         specs[key_path] = _write_zarr(array, tmp_dir, "target." + ".".join(key_path))
     state = {
         "version": T5X_CHECKPOINT_VERSION,
-        "optimizer": {"target": _unflatten(specs), "state": {"step": np.int32(step)}},
+        "optimizer": {"target": unflatten(specs), "state": {"step": np.int32(step)}},
     }
     (tmp_dir / "checkpoint").write_bytes(flax.serialization.msgpack_serialize(state))
     if final_dir.exists():
@@ -360,7 +360,7 @@ def import_hf_t5(state_dict_or_path) -> dict:
         mlp=[name for name in _HF_MLP if f"{mlp}.{name}.weight" in tensors],
         tied="lm_head.weight" not in tensors,
     )
-    params = _unflatten({path: take(hf, transpose=t) for path, hf, t in layout})
+    params = unflatten({path: take(hf, transpose=t) for path, hf, t in layout})
     _check_all_used(tensors, used, source, _HF_T5_TIED_INPUTS)
     return params
 
@@ -383,7 +383,7 @@ def export_hf_t5(params: Mapping, config) -> dict[str, np.ndarray]:
     _hf_feed_forward(config.mlp_activations)  # fails before anything is copied
     like = jax.eval_shape(functools.partial(t5.init_params, config), jax.random.key(0))
     check_params(params, like)
-    flat = _flatten(params)
+    flat = flatten(params)
     layout = _hf_t5_layout(
         encoder_layers=config.num_encoder_layers,
         decoder_layers=config.num_decoder_layers,

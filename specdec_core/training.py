@@ -257,6 +257,16 @@ def make_optimizer(
     return optax.chain(optax.clip_by_global_norm(clip_norm), core) if clip_norm else core
 
 
+def freeze(optimizer: optax.GradientTransformation, keys) -> optax.GradientTransformation:
+    """``optimizer`` on every top-level param but ``keys``, which never move (no state)."""
+    keys = frozenset(keys)
+
+    def labels(params):
+        return {k: jax.tree.map(lambda _, frozen=k in keys: frozen, v) for k, v in params.items()}
+
+    return optax.multi_transform({False: optimizer, True: optax.set_to_zero()}, labels)
+
+
 # ----------------------------------------------------------------------------- steps
 
 

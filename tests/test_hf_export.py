@@ -62,7 +62,7 @@ def test_export_then_import_is_the_identity(name):
     assert all(a.dtype == np.float32 and a.flags.c_contiguous for a in state.values())
 
     back = checkpoints.import_hf_t5(state)
-    flat_back, flat_params = checkpoints._flatten(back), checkpoints._flatten(params)
+    flat_back, flat_params = checkpoints.flatten(back), checkpoints.flatten(params)
     assert sorted(flat_back) == sorted(flat_params)
     for path, value in flat_params.items():
         np.testing.assert_array_equal(flat_back[path], value, err_msg="/".join(path))

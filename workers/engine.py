@@ -38,6 +38,7 @@ from workers.spec import (
     ENGINE_KINDS,
     TRANSPORTS,
     ModelSpec,
+    check_draft_target,
     check_shared_vocabulary,
 )
 
@@ -271,6 +272,7 @@ class InProcessEngine:
         gamma_policy=None,
     ):
         check_shared_vocabulary(target.name, target.vocab_size, draft.name, draft.vocab_size)
+        check_draft_target(target.name, draft.name, draft.config)
         self.target, self.draft, self.settings = target, draft, settings
         self.compiled, self.gamma_policy = compiled, gamma_policy
 

@@ -19,7 +19,7 @@ from workers.channel import new_secret
 from workers.coordinator import SpeculativeCoordinator
 from workers.engine import PROBE_REPEATS, EngineConfig, probe_batch
 from workers.gamma import at_gamma
-from workers.spec import ModelSpec, check_shared_vocabulary, ensure_ray
+from workers.spec import ModelSpec, check_draft_target, check_shared_vocabulary, ensure_ray
 
 
 class RayEngine:
@@ -62,6 +62,7 @@ class RayEngine:
         check_shared_vocabulary(
             target.name, target.config.vocab_size, draft.name, draft.config.vocab_size
         )
+        check_draft_target(target.name, draft.name, draft.config)
         self.draft = self.coordinator = None
         if max_restarts < 0 or max_batch_failures < 0:
             raise ValueError(

@@ -120,6 +120,17 @@ def check_shared_vocabulary(
         )
 
 
+def check_draft_target(target_name: str, draft_name: str, draft_config: Any) -> None:
+    """A draft that reads a target's encoder (``t5.SourceEncoder``) runs beside that
+    target only."""
+    source = getattr(draft_config, "source_encoder", None)
+    if source is not None and source.name != target_name:
+        raise ValueError(
+            f"draft {draft_name!r} reads the encoder of {source.name!r}: it runs beside that "
+            f"target only, not {target_name!r}"
+        )
+
+
 def ray_cpus(engines: int = 1) -> int:
     """CPUs a local Ray instance offers for ``engines`` engines: one per model worker
     (the target and the draft; the coordinator takes none), at least this machine's

@@ -11,6 +11,7 @@ from pipelines import model_resolver
 from pipelines.configs import ConfigError
 from pipelines.study.dataset import DatasetConfig, ngram_sequences
 from specdec_core.models import families, ngram
+from workers.spec import check_draft_target
 
 NGRAM_DRAFTS = families.with_weights("fit")  # ("unigram", "bigram"): fit on the dataset
 
@@ -89,6 +90,10 @@ def check_pair(target: ModelRef, draft: ModelRef, *, where: str, file: str) -> N
             f"draft {draft.name!r} has vocab_size {draft.config.vocab_size}, "
             f"target {target.name!r} has {target.config.vocab_size}",
         )
+    try:
+        check_draft_target(target.name, draft.name, draft.config)
+    except ValueError as error:
+        fail(file, where, str(error))
 
 
 NGramConfig = ngram.NGramConfig  # what a bound n-gram draft's ``config`` says about it

@@ -34,8 +34,15 @@ TRAIN_STATE_FILE = "train_state.msgpack"
 
 
 def init_params(model_config, seed: int) -> dict:
-    """Fresh float32 params of the config's family (one that loads from checkpoints)."""
-    return families.of_config(model_config).init_params(model_config, jax.random.key(seed))
+    """Fresh float32 params of the config's family (one that loads from checkpoints), with
+    what it shares with another model (its target's encoder) loaded, not drawn."""
+    family = families.of_config(model_config)
+    params = family.init_params(model_config, jax.random.key(seed))
+    return {**params, **_float32(family.load_shared(model_config))}
+
+
+def _float32(tree):
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
 
 
 def complete_checkpoints(train_dir: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
@@ -95,8 +102,12 @@ def at_schedule_step(opt_state, step: int):
     )
 
 
-def export_params(export_dir: pathlib.Path, *, step: int, params, dtype: str, info: dict):
-    """Params cast to ``dtype`` as the only T5X checkpoint in export_dir + training.json."""
+def export_params(
+    export_dir: pathlib.Path, *, step: int, params, dtype: str, info: dict, model_config
+):
+    """Params cast to ``dtype`` as the only T5X checkpoint in export_dir + training.json;
+    what the model shares with another (its target's encoder) is left out."""
+    params = families.own_params(model_config, params)
     cast = jax.tree.map(lambda x: np.asarray(jax.device_get(x)).astype(jnp.dtype(dtype)), params)
     folder = checkpoints.save_t5x(cast, export_dir, step=step)
     for child in export_dir.iterdir():
@@ -117,13 +128,23 @@ def repo_relative(path) -> str:
 
 
 def load_model_params(model_file: configs.ModelFileConfig, path: pathlib.Path | None = None):
-    """Latest params of a model config: its train dir, else its export dir (as float32)."""
-    like = jax.eval_shape(lambda: init_params(model_file.model, 0))
+    """Latest params of a model config: its train dir, else its export dir (as float32).
+    A train checkpoint holds every param; an export lacks what the model shares with
+    another (its target's encoder), which is loaded from there."""
+    config = model_file.model
+    family = families.of_config(config)
+    like = jax.eval_shape(lambda: family.init_params(config, jax.random.key(0)))
     if path is None:
         complete = complete_checkpoints(model_file.train_dir)
         path = complete[-1][1] if complete else model_file.export_dir
-    params = checkpoints.load_t5x(path, like=like)
-    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+    try:
+        params = checkpoints.load_t5x(path, like=like)
+    except checkpoints.CheckpointError:
+        if not family.shared_keys(config):
+            raise
+        params = checkpoints.load_t5x(path, like=families.own_params(config, like))
+        params = {**params, **family.load_shared(config)}
+    return _float32(params)
 
 
 def load_teacher(model_file: configs.ModelFileConfig):
@@ -144,3 +165,19 @@ def load_teacher(model_file: configs.ModelFileConfig):
 def file_sha256(path: pathlib.Path) -> str:
     """Hex SHA-256 of a file's bytes (the vocabulary a checkpoint was trained with)."""
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def load_matching(path: pathlib.Path, params) -> tuple[dict, list[str]]:
+    """``params`` with every leaf that the checkpoint at ``path`` holds at the same path
+    and shape replaced by the checkpoint's (as float32); and the names of the leaves
+    that stayed as they were."""
+    stored = checkpoints.flatten(checkpoints.load_t5x(path))
+    taken, fresh = {}, []
+    for key, leaf in checkpoints.flatten(params).items():
+        found = stored.get(key)
+        if found is not None and tuple(np.shape(found)) == tuple(leaf.shape):
+            taken[key] = jnp.asarray(found, jnp.float32)
+        else:
+            taken[key] = leaf
+            fresh.append("/".join(key))
+    return checkpoints.unflatten(taken), fresh

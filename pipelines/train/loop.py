@@ -37,6 +37,7 @@ from pipelines.train.checkpoints import (
     export_params,
     file_sha256,
     init_params,
+    load_matching,
     load_model_params,
     load_teacher,
     repo_relative,
@@ -103,10 +104,10 @@ class TimeBudget:
         return warm * min(1.0, max(decay, 0.0))
 
 
-def _optimizer(train: configs.TrainConfig, max_steps: int, *, host_schedule: bool = False):
+def _optimizer(train: configs.TrainConfig, max_steps: int, *, host_schedule: bool, frozen=()):
     """The config's optimizer; ``host_schedule``: a constant in-graph rate (the host scales
-    it through the train step's ``lr_scale``)."""
-    return training.make_optimizer(
+    it through the train step's ``lr_scale``); the top-level params ``frozen`` never move."""
+    optimizer = training.make_optimizer(
         name=train.optimizer,
         learning_rate=train.learning_rate,
         warmup_steps=1 if host_schedule else train.warmup_steps,
@@ -116,6 +117,7 @@ def _optimizer(train: configs.TrainConfig, max_steps: int, *, host_schedule: boo
         weight_decay=train.weight_decay,
         clip_norm=train.clip_norm,
     )
+    return training.freeze(optimizer, frozen) if frozen else optimizer
 
 
 def _loss_config(train: configs.TrainConfig) -> training.LossConfig:
@@ -205,7 +207,11 @@ class Trainer:
             self.examples, self.train, model_file.data.sentence_weight, self.buckets
         )
         self.optimizer = _optimizer(
-            self.train, self.max_steps, host_schedule=time_budget_s is not None
+            self.train,
+            self.max_steps,
+            host_schedule=time_budget_s is not None,
+            # what the model shares with another (its target's encoder)
+            frozen=families.of_config(model_file.model).shared_keys(model_file.model),
         )
         self.train_step = _train_step(model_file, self.optimizer)
         logits_fn = training.logits_fn_for(model_file.model)
@@ -239,7 +245,16 @@ class Trainer:
                 "no resumable train state, so the optimizer state starts afresh",
                 flush=True,
             )
-        elif (folder := self.file.init_from) is not None:
+        elif (folder := self.file.init_from) is not None and self.file.checkpoint.init_matching:
+            params, fresh = load_matching(folder, params)
+            opt_state = self.optimizer.init(params)
+            print(
+                f"initialised from {folder} where path and shape match (step 0, fresh "
+                f"optimizer state); {len(fresh)} params kept as they were: "
+                f"{', '.join(fresh[:4])}{', ...' if len(fresh) > 4 else ''}",
+                flush=True,
+            )
+        elif folder is not None:
             doing = f"{self.file.path}: cannot start from checkpoint.init_from {folder}"
             params = self._load_params(folder, doing, Exception)
             opt_state = self.optimizer.init(params)
@@ -339,6 +354,7 @@ class Trainer:
                 info[key] = repo_relative(path)
         export_params(
             self.file.export_dir,
+            model_config=self.file.model,
             step=run.step,
             params=params,
             dtype=self.file.checkpoint.export_dtype,

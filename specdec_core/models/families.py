@@ -20,7 +20,11 @@ model, so no caller switches on a family's name:
   source) can, a decoder-only model cannot, and a copy draft can unless it backs off to
   a decoder-only model;
 - ``max_positions(config)``: the longest sequence its position encoding covers (the
-  gpt variant's learned positions), or None where only the cache's size limits it.
+  gpt variant's learned positions), or None where only the cache's size limits it;
+- ``shared_keys(config)`` / ``load_shared(config)``: the top-level params a model takes
+  from another model's checkpoint (a T5 draft that reads its target's encoder:
+  ``t5.SourceEncoder``). Its own checkpoint holds the rest; training freezes them and
+  exports leave them out (:func:`own_params`).
 
 ``get(name)`` looks a family up and raises ValueError naming the unknown family and the
 known ones; :func:`specdec_core.models.bound.bind` and ``load_model`` build a
@@ -60,6 +64,9 @@ class Family:
     max_positions: Callable[[Any], int | None] = lambda config: None  # (config) -> limit
     # what the BoundModel holds as ``params`` given what ``bind`` received (default: the same)
     held_params: Callable[[Any], Any] = lambda params: params
+    # (config) -> top-level param keys loaded from another model's checkpoint, and loader
+    shared_keys: Callable[[Any], tuple[str, ...]] = lambda config: ()
+    load_shared: Callable[[Any], dict] = lambda config: {}
 
     def __post_init__(self):
         if self.weights not in WEIGHTS:
@@ -116,13 +123,22 @@ class Family:
             )
         from specdec_core import checkpoints
 
-        like = jax.eval_shape(functools.partial(self.init_params, config), jax.random.key(0))
+        like = own_params(
+            config, jax.eval_shape(functools.partial(self.init_params, config), jax.random.key(0))
+        )
         if checkpoint is None:
-            params = self.init_params(config, jax.random.key(init_seed))
+            params = own_params(config, self.init_params(config, jax.random.key(init_seed)))
         else:
             loaded = checkpoints.load_t5x(checkpoint, like=like)
             params = jax.tree_util.tree_map(lambda x, ref: jnp.asarray(x, ref.dtype), loaded, like)
-        return self.bind(name, config, params)
+        return self.bind(name, config, {**params, **self.load_shared(config)})
+
+
+def own_params(config, params) -> dict:
+    """``params`` less what the model shares with another (``Family.shared_keys``): what
+    its own checkpoint holds and training exports."""
+    shared = of_config(config).shared_keys(config)
+    return {key: value for key, value in params.items() if key not in shared}
 
 
 # ------------------------------------------------------------------------------ t5
@@ -151,6 +167,37 @@ def _t5_new_cache(name: str, config: t5.T5Config, params) -> NewCache:
         return init(params, jnp.asarray(encoder_tokens, jnp.int32), max_len)
 
     return new_cache
+
+
+def _t5_shared_keys(config: t5.T5Config) -> tuple[str, ...]:
+    return () if config.source_encoder is None else (t5.SOURCE,)
+
+
+@functools.lru_cache(maxsize=4)
+def _source_encoder_params(source: t5.SourceEncoder) -> dict:
+    """The embedder and encoder of ``source``'s checkpoint (or seeded init), read once per
+    process however many readers load them."""
+    from specdec_core import checkpoints
+
+    init = functools.partial(t5.init_params, source.config)
+    if source.checkpoint is None:
+        return t5.source_params(init(jax.random.key(source.init_seed)))
+    like = jax.eval_shape(init, jax.random.key(0))
+    try:
+        loaded = checkpoints.load_t5x(source.checkpoint, like=like)
+    except (checkpoints.CheckpointError, OSError) as error:
+        raise ValueError(
+            f"cannot read {source.name!r}'s encoder from {source.checkpoint}: {error}"
+        ) from error
+    return t5.source_params(
+        jax.tree_util.tree_map(lambda x, ref: jnp.asarray(x, ref.dtype), loaded, like)
+    )
+
+
+def _t5_load_shared(config: t5.T5Config) -> dict:
+    if config.source_encoder is None:
+        return {}
+    return {t5.SOURCE: _source_encoder_params(config.source_encoder)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,6 +240,8 @@ T5 = _trained(
     is_encoder_decoder=True,
     new_cache=_t5_new_cache,
     serves_encoder_decoder=lambda config: True,
+    shared_keys=_t5_shared_keys,
+    load_shared=_t5_load_shared,
 )
 
 

@@ -19,6 +19,14 @@ Two entry points:
   ``functools.partial(forward, config, params)``; jit with ``config`` static.
 
 The first decoder input of a sequence is token 0 (T5's decoder start id).
+
+**A decoder that reads another model's encoder** (``T5Config.source_encoder``): a draft
+with no encoder of its own, whose decoder cross-attends to its target's encoder output
+projected to its width (``decoder/source_projection``). The target's token embedder and
+encoder sit in its params under ``source``: they are loaded from the target's checkpoint
+(``families``), frozen in training, and never exported with the draft. Its cache can be
+built from states the target has already encoded (``init_cache(..., source_states=)``),
+so the draft's encoder costs nothing where the two share a process.
 """
 
 from __future__ import annotations
@@ -43,6 +51,17 @@ EOS_ID = 1  # end of sequence: ends encoder inputs and generations
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class SourceEncoder:
+    """The model whose encoder a decoder reads: its name, config and T5X checkpoint (None:
+    params from ``init_seed``, for tests and benchmarks)."""
+
+    name: str
+    config: T5Config
+    checkpoint: str | None = None
+    init_seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class T5Config:
     """T5X ``T5Config`` fields (defaults: T5 1.1 small from T5X's gin files)."""
 
@@ -60,10 +79,28 @@ class T5Config:
     # what a decode's matmuls round their inputs to (float32 sums): "float32" | "bfloat16"
     # (layers.Bfloat16Weight; training and checkpoints are unaffected)
     matmul_dtype: str = "float32"
+    # None: the decoder reads this model's own encoder; else the model whose encoder
+    # output it reads instead (the target's: module docstring), with no encoder of its own
+    source_encoder: SourceEncoder | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "mlp_activations", tuple(self.mlp_activations))
         layers.check_matmul_dtype(self.matmul_dtype)
+        source = self.source_encoder
+        if source is None:
+            return
+        if self.num_encoder_layers != 0:
+            raise ValueError(
+                f"a model that reads {source.name!r}'s encoder has none of its own: "
+                f"num_encoder_layers must be 0, got {self.num_encoder_layers}"
+            )
+        if source.config.source_encoder is not None:
+            raise ValueError(f"{source.name!r} reads another model's encoder: it has none to share")
+        if source.config.vocab_size != self.vocab_size:
+            raise ValueError(
+                f"a model that reads {source.name!r}'s encoder shares its vocabulary: "
+                f"vocab_size {self.vocab_size} != {source.config.vocab_size}"
+            )
 
     @property
     def activation_dtype(self) -> jnp.dtype:
@@ -85,16 +122,31 @@ class T5Cache:
 
 # ------------------------------------------------------------------------------ init
 
+SOURCE = "source"  # the params of the encoder a decoder reads (SourceEncoder)
+
 
 def init_params(config: T5Config, key: jax.Array) -> dict:
-    """Random float32 params in T5X's tree (T5X's initializers, up to the exact RNG)."""
+    """Random float32 params in T5X's tree (T5X's initializers, up to the exact RNG).
+
+    A config with a ``source_encoder`` gets no ``encoder``; its ``source`` holds random
+    params of the source's embedder and encoder (``families`` loads the real ones)."""
     k_embed, k_enc, k_dec = jax.random.split(key, 3)
     embedding = jax.random.normal(k_embed, (config.vocab_size, config.emb_dim), jnp.float32)
-    return {
-        "token_embedder": {"embedding": embedding},
-        "encoder": _init_encoder(config, k_enc),
-        "decoder": _init_decoder(config, k_dec),
-    }
+    params = {"token_embedder": {"embedding": embedding}, "decoder": _init_decoder(config, k_dec)}
+    source = config.source_encoder
+    if source is None:
+        params["encoder"] = _init_encoder(config, k_enc)
+        return params
+    params[SOURCE] = source_params(init_params(source.config, k_enc))
+    params["decoder"]["source_projection"] = layers.init_dense(
+        jax.random.fold_in(k_dec, 1), source.config.emb_dim, config.emb_dim
+    )
+    return params
+
+
+def source_params(params: Params) -> dict:
+    """What a reader of this model's encoder takes of its params: embedder and encoder."""
+    return {"token_embedder": params["token_embedder"], "encoder": params["encoder"]}
 
 
 def _init_attention(config: T5Config, key):
@@ -202,7 +254,13 @@ def encode(
     """Encoder stack: tokens int32[B, S] (0 = padding) -> encoded [B, S, E] in config dtype.
 
     ``drop`` (training only, :func:`score`): T5X's places — the embeddings, each
-    sublayer's output before its residual add, and the final norm's output."""
+    sublayer's output before its residual add, and the final norm's output.
+
+    A reader of another model's encoder runs that encoder (frozen: no gradient, no
+    dropout) and projects its output to this model's width."""
+    if (source := config.source_encoder) is not None:
+        states = jax.lax.stop_gradient(encode(source.config, params[SOURCE], encoder_input_tokens))
+        return read_source(config, params, states)
     dtype = config.activation_dtype
     enc = params["encoder"]
     valid = encoder_input_tokens > 0  # [B, S]
@@ -217,6 +275,13 @@ def encode(
         h = layers.rms_norm(layer["pre_mlp_layer_norm"], x)
         x = x + drop(layers.mlp(layer["mlp"], h, activations=config.mlp_activations))
     return drop(layers.rms_norm(enc["encoder_norm"], x))
+
+
+def read_source(config: T5Config, params: Params, states: jax.Array) -> jax.Array:
+    """The source model's encoder output [B, S, E_source] projected to this model's
+    width: what its decoder cross-attends to."""
+    projection = params["decoder"]["source_projection"]
+    return layers.dense(projection, states.astype(config.activation_dtype))
 
 
 # --------------------------------------------------------------------------- decoder
@@ -316,15 +381,27 @@ def score(
 
 
 def init_cache(
-    config: T5Config, params: Params, encoder_input_tokens: jax.Array, *, max_decode_len: int
+    config: T5Config,
+    params: Params,
+    encoder_input_tokens: jax.Array,
+    *,
+    max_decode_len: int,
+    source_states: jax.Array | None = None,
 ) -> T5Cache:
     """Encodes once and returns an empty decoder cache of ``max_decode_len`` slots.
 
     encoder_input_tokens int32[B, S] (0 = padding). Cross-attention keys/values of
     every decoder layer are projected here, so ``forward`` never recomputes them.
+    ``source_states`` [B, S, E_source]: for a reader of another model's encoder, that
+    model's output for these tokens (its cache's ``encoded``), so it is not run again.
     """
     dtype = config.activation_dtype
-    encoded = encode(config, params, encoder_input_tokens)
+    if source_states is not None:
+        if config.source_encoder is None:
+            raise ValueError("source_states are for a model that reads another's encoder")
+        encoded = read_source(config, params, source_states)
+    else:
+        encoded = encode(config, params, encoder_input_tokens)
     cross_keys, cross_values = _cross_kv(config, params, encoded)
     batch = encoder_input_tokens.shape[0]
     shape = (batch, config.num_heads, max_decode_len, config.head_dim)
