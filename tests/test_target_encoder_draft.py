@@ -142,7 +142,8 @@ def test_training_loads_the_draft_from_its_export_with_the_targets_encoder(tmp_p
 
 
 def test_a_train_step_moves_the_draft_and_never_the_targets_encoder():
-    params = {**t5.init_params(DRAFT, jax.random.key(0)), **families.T5.load_shared(DRAFT)}
+    shared = jax.tree.map(jnp.array, families.T5.load_shared(DRAFT))  # copies: donated
+    params = {**t5.init_params(DRAFT, jax.random.key(0)), **shared}
     before = jax.tree.map(np.array, params)  # copies: the step donates its inputs
     optimizer = training.freeze(
         training.make_optimizer(learning_rate=1e-2, warmup_steps=1, schedule="constant"),
@@ -269,3 +270,17 @@ def test_the_draft_is_refused_beside_another_target():
     other = model_resolver.resolve_model("summ_target", role="target")
     with pytest.raises(model_resolver.ModelResolutionError, match="reads the encoder of"):
         model_resolver.check_pair(other, draft, vocab_size=16000)
+
+
+def test_a_cache_built_from_the_targets_cache_is_the_one_built_alone_bit_for_bit():
+    """The engines hand the draft the target's cache where both share a process (its
+    encoder then runs once); elsewhere the draft runs the encoder itself. Its cache,
+    and so its proposals and a seeded job's samples, must not depend on which."""
+    target, draft = _target(), _draft()
+    tokens = np.asarray([SOURCE_TOKENS, [2, 3, 1, 0, 0], [4, 4, 4, 4, 1]], np.int32)
+    alone = draft.new_cache(tokens, 3, 12)
+    shared = draft.new_cache(tokens, 3, 12, source_cache=target.new_cache(tokens, 3, 12))
+    for got, want in zip(jax.tree.leaves(shared), jax.tree.leaves(alone), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    with pytest.raises(ValueError, match="encoded positions"):
+        draft.new_cache(tokens[:2], 2, 12, source_cache=target.new_cache(tokens, 3, 12))

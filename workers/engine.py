@@ -205,9 +205,13 @@ def probe_costs(
     )
 
 
-def _new_cache(model: BoundModel, batch: PackedBatch):
-    """``model``'s decoder cache for ``batch`` (its encoder run on the batch's encoder tokens)."""
-    return model.new_cache(batch.encoder_tokens, batch.prompt_tokens.shape[0], batch.max_len)
+def _new_cache(model: BoundModel, batch: PackedBatch, *, source_cache=None):
+    """``model``'s decoder cache for ``batch`` (its encoder run on the batch's encoder
+    tokens); a draft that reads the target's encoder reads ``source_cache``'s output."""
+    args = (batch.encoder_tokens, batch.prompt_tokens.shape[0], batch.max_len)
+    if getattr(model.config, "source_encoder", None) is not None and source_cache is not None:
+        return model.new_cache(*args, source_cache=source_cache)
+    return model.new_cache(*args)
 
 
 def _decode_args(target: BoundModel, batch: PackedBatch, settings: DecodeSettings) -> dict:
@@ -235,10 +239,11 @@ def decode_speculative(
     """One packed batch through the in-process speculative loop (encoders included),
     with the seconds it spent compiling (``compile_s``)."""
     with costs.compile_clock() as compiling:
+        args = _decode_args(target, batch, settings)
         result = decoding.speculative_generate(
-            **_decode_args(target, batch, settings),
+            **args,
             draft=draft.forward,
-            draft_cache=_new_cache(draft, batch),
+            draft_cache=_new_cache(draft, batch, source_cache=args["target_cache"]),
             gamma=settings.gamma,
             compiled=compiled,
             slots=settings.slots if compiled else None,

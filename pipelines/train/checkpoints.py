@@ -42,7 +42,8 @@ def init_params(model_config, seed: int) -> dict:
 
 
 def _float32(tree):
-    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree)
+    """Float32 copies (a train step donates its params; the shared ones are cached)."""
+    return jax.tree.map(lambda x: jnp.array(x, jnp.float32), tree)
 
 
 def complete_checkpoints(train_dir: pathlib.Path) -> list[tuple[int, pathlib.Path]]:

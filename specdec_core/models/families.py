@@ -158,13 +158,68 @@ def _t5_cache_init(config: t5.T5Config):
     )
 
 
+@functools.lru_cache(maxsize=16)
+def _t5_source_states(config: t5.T5Config):
+    """The compiled encoder pass of ``config`` alone, its output padded to the source
+    width: what a reader of this encoder builds its cache from."""
+
+    def states(params, tokens):
+        encoded = t5.encode(config, params, tokens)
+        extra = api.source_width(tokens.shape[1]) - tokens.shape[1]
+        return jnp.pad(encoded, ((0, 0), (0, extra), (0, 0)))
+
+    return jax.jit(states)
+
+
+@functools.lru_cache(maxsize=16)
+def _t5_reader_init(config: t5.T5Config):
+    """The compiled cache set-up of a reader of another model's encoder, from that
+    encoder's padded output and the tokens padded to the same width."""
+    return jax.jit(
+        lambda params, tokens, states, max_len: t5.init_cache(
+            config, params, tokens, max_decode_len=max_len, source_states=states
+        ),
+        static_argnums=3,
+    )
+
+
 def _t5_new_cache(name: str, config: t5.T5Config, params) -> NewCache:
+    """``new_cache(encoder_tokens, batch_size, max_len)``; a reader of another model's
+    encoder also takes ``source_cache=``, that model's cache for the same tokens, and
+    reads its encoder output instead of running the encoder again (the same bits:
+    both come from the same encoder program, ``tests/test_target_encoder_draft.py``)."""
+    if config.source_encoder is not None:
+        return _t5_reader_new_cache(name, config, params)
     init = _t5_cache_init(config)  # a T5Config is frozen, its fields hashable
 
     def new_cache(encoder_tokens, batch_size, max_len):
         if encoder_tokens is None:
             raise ValueError(f"model {name!r} is encoder-decoder: it needs encoder tokens")
         return init(params, jnp.asarray(encoder_tokens, jnp.int32), max_len)
+
+    return new_cache
+
+
+def _t5_reader_new_cache(name: str, config: t5.T5Config, params) -> NewCache:
+    source_states = _t5_source_states(config.source_encoder.config)
+    init = _t5_reader_init(config)
+
+    def new_cache(encoder_tokens, batch_size, max_len, *, source_cache=None):
+        if encoder_tokens is None:
+            raise ValueError(f"model {name!r} is encoder-decoder: it needs encoder tokens")
+        tokens = jnp.asarray(encoder_tokens, jnp.int32)
+        width = api.source_width(tokens.shape[1])
+        if source_cache is None:
+            states = source_states(params[t5.SOURCE], tokens)
+        else:
+            states = source_cache.encoded
+        if states.shape[:2] != (tokens.shape[0], width):
+            raise ValueError(
+                f"model {name!r}: the source cache holds {states.shape[:2]} encoded "
+                f"positions, these tokens need {(tokens.shape[0], width)}"
+            )
+        padded = jnp.pad(tokens, ((0, 0), (0, width - tokens.shape[1])))
+        return init(params, padded, states, max_len)
 
     return new_cache
 
