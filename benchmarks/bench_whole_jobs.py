@@ -25,7 +25,8 @@ Usage (BENCHMARKS.md, "The whole job", gives the command run)::
 
     .venv/bin/python benchmarks/bench_whole_jobs.py [--per-source 150]
         [--sources ding,catalogs,lohelp,mozilla] [--batch-sizes 1,4,16,64]
-        [--modes auto] [--rounds 2] [--json runs/bench/whole_jobs.json]
+        [--modes auto,DRAFT:auto] [--draft ende_draft_debian_seq2] [--rounds 2]
+        [--json runs/bench/whole_jobs.json]
 """
 
 from __future__ import annotations
@@ -58,10 +59,16 @@ def write_input(path: pathlib.Path, sources: list[str], per_source: int) -> int:
     return len(pairs)
 
 
-def run_job(input_tsv: pathlib.Path, gamma: str, batch: int, folder: pathlib.Path) -> dict:
+def run_job(
+    input_tsv: pathlib.Path,
+    gamma: str,
+    batch: int,
+    folder: pathlib.Path,
+    draft: str = "ende_draft_debian_seq2",
+) -> dict:
     """One job as a process: its summary, process wall seconds and output ids by record."""
-    stem = folder / f"g{gamma}_b{batch}"
-    args = list(translate_args("ende_draft_debian_seq2"))
+    stem = folder / f"{draft}_g{gamma}_b{batch}"
+    args = list(translate_args(draft))
     args[args.index("--input") + 1] = str(input_tsv)
     command = [
         str(REPO / ".venv" / "bin" / "specdec"), *args, *RAY, *IN_TARGET,
@@ -143,7 +150,12 @@ def main(argv=None) -> None:
     parser.add_argument("--per-source", type=int, default=150)
     parser.add_argument("--sources", default="ding,catalogs,lohelp,mozilla")
     parser.add_argument("--batch-sizes", default="1,4,16,64")
-    parser.add_argument("--modes", default="auto", help="--gamma values set against --gamma 0")
+    parser.add_argument(
+        "--modes",
+        default="auto",
+        help="--gamma values set against --gamma 0, each GAMMA (--draft's) or DRAFT:GAMMA",
+    )
+    parser.add_argument("--draft", default="ende_draft_debian_seq2", help="make run's draft")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", default=None, help="write every run's figures here")
     args = parser.parse_args(argv)
@@ -160,7 +172,8 @@ def main(argv=None) -> None:
             for batch in batch_sizes:
                 order = ["0", *modes] if round_ % 2 == 0 else [*modes, "0"]
                 for mode in order:
-                    run = run_job(input_tsv, mode, batch, folder)
+                    draft, _, gamma = mode.rpartition(":")
+                    run = run_job(input_tsv, gamma, batch, folder, draft or args.draft)
                     results[(batch, mode)].append(run)
                     print(
                         f"round {round_ + 1}: batch {batch} γ={mode}: process "
