@@ -77,7 +77,11 @@ def test_every_committed_checkpoint_is_a_model_configs_export():
     orphans = [f.name for f in folders if f not in exports]
     assert not orphans, f"checkpoints that no configs/models file names: {orphans}"
     debian = [f for f in folders if "debian" in f.name]
-    assert {f.name for f in debian} == {"ende_target_debian", "ende_draft_debian_seq2"}
+    assert {f.name for f in debian} == {
+        "ende_target_debian",
+        "ende_draft_debian_seq2",
+        "ende_draft_debian_target_encoder",
+    }
     assert _megabytes(debian) <= 200, f"the Debian pair takes {_megabytes(debian):.1f} MB"
 
 
