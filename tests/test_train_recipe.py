@@ -68,17 +68,17 @@ def test_time_budget_and_max_steps_do_not_go_together(tmp_path, capsys):
         train.main(["--config", str(path), "--max-steps", "2", "--time-budget", "5"])
 
 
-def _tiny_recipe(tmp_path, target_s: int = 20, draft_s: int = 40) -> pathlib.Path:
-    """A target (``target_s`` budget) and a draft distilled from it, after it, on tiny
-    data (``draft_s``: its budget counts loading the teacher and compiling its shapes
-    before step 1)."""
+def _tiny_recipe(tmp_path, target: str = "budget_s: 20", draft: str = "budget_s: 40"):
+    """A target (trained for ``target``: a budget or steps) and a draft distilled from
+    it, after it, on tiny data (a ``draft`` budget counts loading the teacher and
+    compiling its shapes before step 1)."""
     data = _write_tiny_data(tmp_path)
-    target = tmp_path / "tiny_target.yaml"
-    target.write_text(TINY_YAML.format(data=data, out=tmp_path / "target"), encoding="utf-8")
-    draft = tmp_path / "tiny_draft.yaml"
-    draft.write_text(
+    target_yaml = tmp_path / "tiny_target.yaml"
+    target_yaml.write_text(TINY_YAML.format(data=data, out=tmp_path / "target"), "utf-8")
+    draft_yaml = tmp_path / "tiny_draft.yaml"
+    draft_yaml.write_text(
         TINY_YAML.format(data=data, out=tmp_path / "draft").replace("name: tiny", "name: tiny_d")
-        + f"teacher: {target}\n",
+        + f"teacher: {target_yaml}\n",
         encoding="utf-8",
     )
     path = tmp_path / "recipe.yaml"
@@ -86,12 +86,12 @@ def _tiny_recipe(tmp_path, target_s: int = 20, draft_s: int = 40) -> pathlib.Pat
         f"""
 part_bytes: 40000
 stages:
-  - config: {target}
-    budget_s: {target_s}
+  - config: {target_yaml}
+    {target}
     set: [train.eval_every=1000000]
-  - config: {draft}
+  - config: {draft_yaml}
     after: [tiny]
-    budget_s: {draft_s}
+    {draft}
     set: [train.distill_weight=1.0, train.bleu_examples=0, train.precompile=true]
 """,
         encoding="utf-8",
@@ -100,11 +100,9 @@ stages:
 
 
 def test_recipe_trains_stages_in_order_packs_and_unpacks_byte_for_byte(tmp_path, capsys):
-    # Budgets short of the defaults: a stage's budget is its wall time, and the suite's
-    # time counts. With the suite's workers busy, the draft's first step comes seconds
-    # into its budget (it loads the teacher and compiles two bucket shapes first), and a
-    # much shorter target budget can run out before its first step.
-    path = _tiny_recipe(tmp_path, target_s=15, draft_s=25)
+    # Steps, not budgets: a budget that loading and compiling spend before the first
+    # step would make the outcome depend on the machine's speed.
+    path = _tiny_recipe(tmp_path, target="steps: 3", draft="steps: 2")
     returned = tmp_path / "returned"
     argv = ["run", str(path), "--out", str(tmp_path / "out"), "--return-dir", str(returned)]
     argv += ["--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
@@ -134,7 +132,7 @@ def test_recipe_trains_stages_in_order_packs_and_unpacks_byte_for_byte(tmp_path,
         assert all((export / f).read_bytes() == (copy / f).read_bytes() for f in files)
     info = json.loads((tmp_path / "draft" / "export" / "training.json").read_text())
     assert info["teacher"].endswith("tiny_target.yaml")
-    assert "--time-budget 25" in info["command"] and "--set train.log_every=1" in info["command"]
+    assert "--max-steps 2" in info["command"] and "--set train.log_every=1" in info["command"]
 
     part = tmp_path / "out" / "parts" / "models.tar.part01"
     part.write_bytes(b"x" + part.read_bytes()[1:])
@@ -178,7 +176,10 @@ def test_recipe_deadline_cuts_budgets_and_skips_what_cannot_fit(tmp_path, capsys
     "text, message",
     [
         ("stages: []", "non-empty list"),
-        ("stages: [{config: configs/models/summ_draft.yaml}]", "needs `config` and `budget_s`"),
+        ("stages: [{config: configs/models/summ_draft.yaml}]", "one of `budget_s` and `steps`"),
+        ("stages: [{config: configs/models/summ_draft.yaml, budget_s: 1, steps: 2}]",
+         "not both"),
+        ("stages: [{config: configs/models/summ_draft.yaml, steps: 0}]", "positive integer"),
         ("stages: [{config: configs/models/summ_draft.yaml, budget_s: 1, when: x}]",
          "unknown key when"),
         ("stages: [{config: configs/models/summ_draft.yaml, budget_s: 1, after: [x]}]",

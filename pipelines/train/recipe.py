@@ -1,7 +1,8 @@
 """Training recipes: several ``specdec train`` stages in one call, packed to bring back.
 
 ``specdec train-recipe run configs/recipes/debian_pair.yaml`` trains every stage of a
-recipe (a YAML list of model configs, each with a time budget, ``--set`` overrides and
+recipe (a YAML list of model configs, each with a time budget or a step count, ``--set``
+overrides and
 the stages it comes ``after``). A stage starts as soon as the stages it comes after
 have finished, so independent chains share the machine (a lent accelerator runs the
 target and the summarizer draft side by side). A stage whose prerequisite failed is
@@ -21,6 +22,7 @@ Recipe schema::
     stages:
       - config: configs/models/NAME.yaml
         budget_s: 300               # --time-budget (loading and compiling included)
+        # or steps: 2000            # --max-steps instead (one of budget_s and steps)
         after: [OTHER_NAME]         # optional: stage names (their configs' ``name``)
         set: [train.tokens_per_batch=65536, ...]   # optional --set overrides
         resume: true                # optional: continue a train dir / export if present
@@ -51,7 +53,7 @@ DESCRIPTION = "Train a recipe's stages (configs/recipes/*.yaml) and pack their e
 DEFAULT_PART_BYTES = 16_700_000  # under the 16 MiB a lent machine returns per file
 MIN_BUDGET_S = 30.0  # a stage the deadline leaves less than this is skipped
 MANIFEST = "manifest.json"
-STAGE_KEYS = ("config", "budget_s", "after", "set", "resume")
+STAGE_KEYS = ("config", "budget_s", "steps", "after", "set", "resume")
 
 
 class RecipeError(ValueError):
@@ -62,11 +64,12 @@ class RecipeError(ValueError):
 class Stage:
     name: str  # the model config's name
     config: str
-    budget_s: float
+    budget_s: float | None  # a time budget, or None where the stage trains ``steps``
     export_dir: pathlib.Path  # where the config (with the overrides) exports
     after: tuple[str, ...] = ()
     overrides: tuple[str, ...] = ()
     resume: bool = True
+    steps: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +93,10 @@ def load_recipe(path: str | pathlib.Path, extra_overrides: Sequence[str] = ()) -
     stages: list[Stage] = []
     for number, entry in enumerate(raw["stages"], 1):
         where = f"{path}: stage {number}"
-        if not isinstance(entry, dict) or "config" not in entry or "budget_s" not in entry:
-            raise RecipeError(f"{where}: needs `config` and `budget_s`")
+        if not isinstance(entry, dict) or "config" not in entry:
+            raise RecipeError(f"{where}: needs `config` and one of `budget_s` and `steps`")
+        if ("budget_s" in entry) == ("steps" in entry):
+            raise RecipeError(f"{where}: needs one of `budget_s` and `steps`, not both")
         bad = sorted(set(entry) - set(STAGE_KEYS))
         if bad:
             raise RecipeError(f"{where}: unknown key {bad[0]} (known: {', '.join(STAGE_KEYS)})")
@@ -100,9 +105,15 @@ def load_recipe(path: str | pathlib.Path, extra_overrides: Sequence[str] = ()) -
             model_file = configs.load_model_config(entry["config"], overrides)
         except configs.ConfigError as error:
             raise RecipeError(f"{where}: {error}") from None
-        budget = entry["budget_s"]
-        if not isinstance(budget, int | float) or isinstance(budget, bool) or budget <= 0:
+        budget, steps = entry.get("budget_s"), entry.get("steps")
+        if budget is not None and (
+            not isinstance(budget, int | float) or isinstance(budget, bool) or budget <= 0
+        ):
             raise RecipeError(f"{where}: budget_s must be a positive number, got {budget!r}")
+        if "steps" in entry and (
+            not isinstance(steps, int) or isinstance(steps, bool) or steps < 1
+        ):
+            raise RecipeError(f"{where}: steps must be a positive integer, got {steps!r}")
         after = tuple(str(x) for x in entry.get("after") or ())
         known = {s.name for s in stages}
         missing = [name for name in after if name not in known]
@@ -114,7 +125,8 @@ def load_recipe(path: str | pathlib.Path, extra_overrides: Sequence[str] = ()) -
             Stage(
                 name=model_file.name,
                 config=entry["config"],
-                budget_s=float(budget),
+                budget_s=None if budget is None else float(budget),
+                steps=steps,
                 export_dir=model_file.export_dir,
                 after=after,
                 overrides=overrides,
@@ -128,14 +140,18 @@ def load_recipe(path: str | pathlib.Path, extra_overrides: Sequence[str] = ()) -
 
 
 def stage_command(
-    stage: Stage, *, python: str, budget_s: float, tracking_uri: str | None = None
+    stage: Stage, *, python: str, budget_s: float | None, tracking_uri: str | None = None
 ) -> list[str]:
     """The ``specdec train`` command line of one stage, training for ``budget_s`` seconds
-    (:func:`run_stages` scales and cuts the stage's own budget)."""
+    (:func:`run_stages` scales and cuts the stage's own budget), or for the stage's
+    ``steps`` where ``budget_s`` is None."""
     command = [python, "-m", "pipelines.train", "--config", stage.config]
     if tracking_uri:
         command += ["--tracking-uri", tracking_uri]
-    command += ["--time-budget", f"{max(budget_s, 1.0):g}"]
+    if budget_s is None:
+        command += ["--max-steps", str(stage.steps)]
+    else:
+        command += ["--time-budget", f"{max(budget_s, 1.0):g}"]
     if stage.resume:
         command.append("--resume")
     for override in stage.overrides:
@@ -199,15 +215,16 @@ def run_stages(
                     run.status, run.reason = "skipped", f"{blocked[0]} did not finish"
                     print(f"{run.stage.name}: skipped ({run.reason})", flush=True)
                 elif all(b.status == "done" for b in before):
-                    budget = run.stage.budget_s * scale
+                    budget = None if run.stage.budget_s is None else run.stage.budget_s * scale
                     if deadline_s is not None:
                         left = deadline_s - (time.time() - start) - reserve_s
-                        if left < min(budget, MIN_BUDGET_S):
+                        if left < min(budget or MIN_BUDGET_S, MIN_BUDGET_S):
                             run.status = "skipped"
                             run.reason = f"the deadline leaves {max(left, 0):.0f}s"
                             print(f"{run.stage.name}: skipped ({run.reason})", flush=True)
                             continue
-                        budget = min(budget, float(int(left)))
+                        if budget is not None:  # a steps stage is stopped at the deadline
+                            budget = min(budget, float(int(left)))
                     command = stage_command(
                         run.stage, python=python, budget_s=budget, tracking_uri=tracking_uri
                     )
@@ -338,7 +355,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run = sub.add_parser("run", help="train a recipe's stages and pack their exports")
     run.add_argument("recipe", help="configs/recipes/<name>.yaml")
     run.add_argument("--out", default=None, help="folder for logs and parts (runs/recipe/NAME)")
-    scale_help = "multiply every stage's budget (e.g. a CPU smoke run)"
+    scale_help = "multiply every stage's time budget (e.g. a CPU smoke run; steps stay)"
     add_ranged(run, "--scale", float, low=0.0, low_open=True, default=1.0, help=scale_help)
     add_overrides(run, "an override for every stage, after the recipe's own")
     run.add_argument("--return-dir", default=None, help="copy the manifest and parts here")
