@@ -25,7 +25,7 @@ Usage (BENCHMARKS.md, "The whole job", gives the command run)::
 
     .venv/bin/python benchmarks/bench_whole_jobs.py [--per-source 150]
         [--sources ding,catalogs,lohelp,mozilla] [--batch-sizes 1,4,16,64]
-        [--modes auto,DRAFT:auto] [--draft ende_draft_debian_seq2] [--rounds 2]
+        [--modes auto,auto+cold,DRAFT:auto] [--draft ende_draft_debian_seq2] [--rounds 2]
         [--json runs/bench/whole_jobs.json]
 """
 
@@ -65,9 +65,11 @@ def run_job(
     batch: int,
     folder: pathlib.Path,
     draft: str = "ende_draft_debian_seq2",
+    warmup: bool = True,
 ) -> dict:
-    """One job as a process: its summary, process wall seconds and output ids by record."""
-    stem = folder / f"{draft}_g{gamma}_b{batch}"
+    """One job as a process: its summary, process wall seconds and output ids by record
+    (``warmup``: False runs it with ``--no-warmup``)."""
+    stem = folder / f"{draft}_g{gamma}_b{batch}{'' if warmup else '_cold'}"
     args = list(translate_args(draft))
     args[args.index("--input") + 1] = str(input_tsv)
     command = [
@@ -75,6 +77,7 @@ def run_job(
         "--gamma", gamma, "--batch-size", str(batch),
         "--output", f"{stem}.jsonl", "--summary-json", f"{stem}.summary.json",
         "--quiet", "--tracking-uri", f"sqlite:///{folder}/mlflow.db",
+        *([] if warmup else ["--no-warmup"]),
     ]  # fmt: skip
     start = time.perf_counter()
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
@@ -88,6 +91,7 @@ def run_job(
         "process_s": process_s,
         "decode_s": summary["time_breakdown"]["decode"],
         "compile_s": summary.get("compile_s"),
+        "warmup_compile_s": summary.get("warmup_compile_s"),
         "tokens": summary["tokens"],
         "gamma_histogram": summary.get("gamma_histogram"),
         "bleu": summary.get("bleu"),
@@ -153,7 +157,8 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--modes",
         default="auto",
-        help="--gamma values set against --gamma 0, each GAMMA (--draft's) or DRAFT:GAMMA",
+        help="--gamma values set against --gamma 0, each GAMMA (--draft's) or DRAFT:GAMMA; "
+        "a +cold suffix (auto+cold) runs that job with --no-warmup",
     )
     parser.add_argument("--draft", default="ende_draft_debian_seq2", help="make run's draft")
     parser.add_argument("--rounds", type=int, default=2)
@@ -172,8 +177,9 @@ def main(argv=None) -> None:
             for batch in batch_sizes:
                 order = ["0", *modes] if round_ % 2 == 0 else [*modes, "0"]
                 for mode in order:
-                    draft, _, gamma = mode.rpartition(":")
-                    run = run_job(input_tsv, gamma, batch, folder, draft or args.draft)
+                    draft, _, gamma = mode.removesuffix("+cold").rpartition(":")
+                    warm = not mode.endswith("+cold")
+                    run = run_job(input_tsv, gamma, batch, folder, draft or args.draft, warm)
                     results[(batch, mode)].append(run)
                     print(
                         f"round {round_ + 1}: batch {batch} γ={mode}: process "

@@ -187,6 +187,12 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
         help="run models without checkpoints on random weights (tests only)",
     )
     add("--quiet", action="store_true", help="no progress lines")
+    add(
+        "--no-warmup",
+        action="store_true",
+        help="compile each program when a batch first needs it, on that batch's path "
+        "(default: the programs of the job's batch shapes compile ahead, in the background)",
+    )
     parser.set_defaults(func=functools.partial(_job, kind.name))
 
 
@@ -237,6 +243,7 @@ def _job(kind_name: str, args: argparse.Namespace) -> int:
         summary_json=args.summary_json,
         beam_args=tuple(args.beam_args),
         progress=not args.quiet,
+        warmup=not args.no_warmup,
     )
     log.info("specdec %s: %s -> %s", kind_name, job.input, job.output)
     summary = translate.run_job(job)

@@ -254,8 +254,12 @@ class SpeculativeModelHandler(ModelHandler):
         job_id: str,
         total_records: int = 0,
         progress: bool = True,
+        encoder_lengths: Sequence[int] = (),
     ):
         super().__init__()
+        # the records' encoder tokens, in the order read: the engine compiles the programs
+        # of their batch shapes ahead of them (workers.warmup), where it can
+        self.encoder_lengths = tuple(encoder_lengths)
         self.target, self.draft, self.settings, self.engine = target, draft, settings, engine
         self.compare_baseline, self.job_id = compare_baseline, job_id
         self.total_records, self.show_progress = total_records, progress
@@ -273,6 +277,8 @@ class SpeculativeModelHandler(ModelHandler):
         )
         with _ENGINES_LOCK:
             _ENGINES.setdefault(self.job_id, []).append(engine)
+        if self.encoder_lengths and hasattr(engine, "warm"):
+            engine.warm(self.encoder_lengths, (text.DECODER_START_ID,))
         return MeteredEngine(engine, start_s=time.perf_counter() - start)
 
     def run_inference(

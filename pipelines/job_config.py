@@ -81,6 +81,9 @@ class JobConfig:
     summary_json: str | None = None
     beam_args: tuple[str, ...] = ()  # Beam pipeline options (--runner=..., ...)
     progress: bool = True  # progress lines on stderr
+    # compile the programs of the job's batch shapes ahead, in the background
+    # (workers.warmup); False: each when a batch first needs it, on the batch's path
+    warmup: bool = True
     no_draft: bool = False  # --draft none: ``draft`` is the target, never called
 
 

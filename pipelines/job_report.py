@@ -315,6 +315,7 @@ def _numeric_metrics(summary: dict[str, Any], traffic: dict | None) -> dict[str,
         "predicted_tokens_per_iteration c_estimate tokens tokens_per_s baseline_tokens_per_s "
         "predicted_speedup efficiency baseline_at_limit draft_c_loop "
         "decode_s decode_path_s baseline_path_s compile_s baseline_compile_s loop_compile_s "
+        "warmup_compile_s warmup_programs "
         "bleu rouge1 rouge2 "
         "rougeL job_s first_record_s"
     ).split()

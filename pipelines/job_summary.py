@@ -40,6 +40,10 @@ class JobSummary:
     compile_s: float | None
     baseline_compile_s: float | None
     loop_compile_s: float | None  # a shape's speculative loop, as --gamma auto measured it
+    # the job's programs compiled ahead, in the background (workers.warmup): seconds it
+    # spent compiling, off both paths' times, and programs warmed (None: no warm-up)
+    warmup_compile_s: float | None = None
+    warmup_programs: int | None = None
     tokens_per_s: float | None
     baseline_tokens_per_s: float | None
     identical_to_baseline: bool | None  # None where the rule does not promise it

@@ -60,6 +60,7 @@ def format_summary(job: JobConfig, summary: JobSummary) -> str:
         ("speedup (whole decode path)", _speedup_line(summary)),
         ("  the loops' timers alone", _fmt(summary.speedup_loop)),
         ("  of which compiling (s)", _compile_line(summary)),
+        ("  compiled ahead (s)", _warmup_line(summary)),
         ("tokens/s speculative (loop)", _fmt(summary.tokens_per_s)),
         ("tokens/s target alone (loop)", _fmt(summary.baseline_tokens_per_s)),
         ("acceptance rate α (ML)", _fmt(summary.alpha)),
@@ -114,16 +115,27 @@ def format_summary(job: JobConfig, summary: JobSummary) -> str:
 
 def _compile_line(summary: JobSummary) -> str:
     """Seconds each path spent compiling, inside its time (the first batch of each
-    program shape); says so when the speculative side's was longer."""
+    program shape); says so when the speculative side's was longer by a tenth of a
+    second or more."""
     spec, base = summary.compile_s, summary.baseline_compile_s
     if spec is None:
         return "n/a"
     line = f"speculative {spec:.3g}"
     if base is not None:
         line += f", target alone {base:.3g}"
-        if spec > base:
+        if spec - base >= 0.1:
             line += " (the speculative side compiled more)"
     return line
+
+
+def _warmup_line(summary: JobSummary) -> str:
+    """What the warm-up compiled in the background, outside both paths' times."""
+    if summary.warmup_programs is None:
+        return "none (--no-warmup, or a placement that compiles on the batches' path)"
+    return (
+        f"{summary.warmup_compile_s:.3g} in the background, off both paths "
+        f"({summary.warmup_programs} programs)"
+    )
 
 
 def _speedup_line(summary: JobSummary) -> str:

@@ -43,7 +43,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from pipelines import job_prediction, job_report, part_files, previous_run, record_io
+from pipelines import job_prediction, job_report, part_files, previous_run, record_io, text
 from pipelines.job_config import JobConfig, default_summary_path
 from pipelines.job_summary import JobSummary
 from workers.background import Background
@@ -148,6 +148,9 @@ def run_job(job: JobConfig) -> JobSummary:
         engine = job_engine(job_id)
         policy = getattr(engine, "gamma_policy", None)  # the engine MeteredEngine wraps
         summary["loop_compile_s"] = getattr(policy, "loop_compile_s", lambda: None)()
+        ahead = getattr(engine, "warmup", None)  # workers.warmup: stopped, the job decoded
+        if ahead is not None and (done := ahead.report(stop=True)):
+            summary |= {"warmup_compile_s": done["compile_s"], "warmup_programs": done["programs"]}
         if job.compare_baseline and summary["speedup_loop"] is not None:
             probe_start = time.perf_counter()  # on the job's own engine, where it has one
             summary |= job_prediction.probe(job, rows, summary, engine)
@@ -324,6 +327,7 @@ def _run_pipeline(records, *, job: JobConfig, job_id: str, parts: str) -> Engine
         job_id=job_id,
         total_records=len(records),
         progress=job.progress,
+        encoder_lengths=_encoder_lengths(records, job) if job.warmup else (),
     )
     try:
         return read_metrics(run_pipeline(records, job=job, handler=handler, parts=parts))
@@ -332,6 +336,20 @@ def _run_pipeline(records, *, job: JobConfig, job_id: str, parts: str) -> Engine
             f"the pipeline failed ({type(error).__name__}: {error}); the records it finished "
             f"are kept in {parts}: rerun the same command to continue"
         ) from error
+
+
+def _encoder_lengths(records, job: JobConfig) -> list[int]:
+    """The encoder tokens of each record the pipeline will decode, in order (as its
+    Tokenize step counts them; dead letters and over-long records left out)."""
+    processor = text.sentencepiece(job.vocab_path)
+    eos_id = job.settings.eos_id if job.settings.eos_id is not None else text.EOS_ID
+    lengths = []
+    for record in records:
+        if not isinstance(record, record_io.DeadLetter):
+            n = len(text.encode(processor, job.kind.prefix, record.source, eos_id))
+            if n <= job.max_input_tokens:
+                lengths.append(n)
+    return lengths
 
 
 def _joinable(engine: EngineConfig) -> EngineConfig:

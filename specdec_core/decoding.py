@@ -418,14 +418,18 @@ def autoregressive_generate(
     seed: int = 0,
     eos_id: int | None = None,
     pad_id: int = 0,
+    dry_run: bool = False,
 ) -> DecodeResult:
     """Target-only decoding, one token per target call, the whole loop compiled.
 
     prompt_tokens: [B, P] int32 (padded); prompt_lengths: [B] int32 ≥ 1;
-    request_ids: [B] ints; max_new_tokens: int or [B].
+    request_ids: [B] ints; max_new_tokens: int or [B]. ``dry_run``: every row starts
+    done, so the call compiles (or loads) and runs the programs of these shapes and
+    generates nothing (a job warms its batches' programs ahead of them).
     """
     prompt_tokens, prompt_lengths, state, start = _begin(
-        prompt_tokens, prompt_lengths, request_ids, seed, max_new_tokens, gamma=0
+        prompt_tokens, prompt_lengths, request_ids, seed, max_new_tokens, gamma=0,
+        dry_run=dry_run,
     )
     cache = prefill_fn(target)(target_cache, prompt_tokens, prompt_lengths)
     jax.block_until_ready((state, cache))
@@ -861,6 +865,7 @@ def speculative_generate(
     pad_id: int = 0,
     compiled: bool = False,
     slots: int | None = None,
+    dry_run: bool = False,
 ) -> DecodeResult:
     """Speculative decoding (Leviathan et al., 2023) for a batch, rows ragged.
 
@@ -876,7 +881,9 @@ def speculative_generate(
     and reported as NaN (``total_s`` is measured). ``slots`` (compiled only): run the
     loop compiled for that many draft slots, drafting ``gamma`` of them, so that every
     γ up to ``slots`` shares one program (the same tokens as the loop compiled for γ;
-    the target scores ``slots`` + 1 tokens per call).
+    the target scores ``slots`` + 1 tokens per call). ``dry_run``: every row starts
+    done (:func:`autoregressive_generate`'s); the compiled loop still runs its first
+    iteration, which changes no row.
     """
     if gamma < 1 - sampling_config.drafts_bonus:
         raise ValueError(
@@ -886,7 +893,8 @@ def speculative_generate(
     if slots is not None and not (compiled and slots >= gamma):
         raise ValueError(f"slots ({slots}) needs compiled=True and slots >= gamma ({gamma})")
     prompt_tokens, prompt_lengths, state, start = _begin(
-        prompt_tokens, prompt_lengths, request_ids, seed, max_new_tokens, gamma=slots or gamma
+        prompt_tokens, prompt_lengths, request_ids, seed, max_new_tokens, gamma=slots or gamma,
+        dry_run=dry_run,
     )
     t0 = time.perf_counter()
     target_cache = jax.block_until_ready(
@@ -907,9 +915,8 @@ def speculative_generate(
             loop = _compiled_loop_fn(target, draft, slots, sampling_config, eos_id, True)
             state, _, _ = loop(state, target_cache, draft_cache, np.int32(gamma))
             state = jax.block_until_ready(state)
-            state = state.replace(accepted_by_position=state.accepted_by_position[:, :gamma])
         end, unknown = time.perf_counter(), float("nan")
-        return result_from_state(
+        result = result_from_state(
             state,
             max_new_tokens,
             pad_id,
@@ -919,6 +926,9 @@ def speculative_generate(
             total_s=end - start,
             loop_s=end - loop_start,
         )
+        # the slots beyond γ were never drafted (sliced on the host: a device slice
+        # would compile once per γ)
+        return result.replace(accepted_by_position=result.accepted_by_position[:, :gamma])
     score = score_fn(target, sampling_config)
     verify_commit = _verify_commit_fn(eos_id, sampling_config)
     all_done, first = bool(jnp.all(state.done)), True
@@ -951,8 +961,11 @@ def speculative_generate(
 # ---------------------------------------------------------------- helpers
 
 
-def _begin(prompt_tokens, prompt_lengths, request_ids, seed, max_new_tokens, *, gamma):
-    """Checked prompts, the loop's initial state and the start time of a decode."""
+def _begin(
+    prompt_tokens, prompt_lengths, request_ids, seed, max_new_tokens, *, gamma, dry_run=False
+):
+    """Checked prompts, the loop's initial state (every row done: ``dry_run``) and the
+    start time of a decode."""
     prompt_tokens, prompt_lengths = _check_prompts(prompt_tokens, prompt_lengths)
     start = time.perf_counter()
     state = init_state(
@@ -963,6 +976,8 @@ def _begin(prompt_tokens, prompt_lengths, request_ids, seed, max_new_tokens, *, 
         max_new_tokens=max_new_tokens,
         gamma=gamma,
     )
+    if dry_run:
+        state = state.replace(done=np.ones(state.done.shape, bool))
     return prompt_tokens, prompt_lengths, state, start
 
 

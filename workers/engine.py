@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from specdec_core import costs, decoding
 from specdec_core.models.bound import BoundModel
 from specdec_core.validation import check_choice
+from workers import warmup
 from workers.batching import DecodeSettings, Generation, PackedBatch, Request, pack, unpack
 from workers.gamma import DEFAULT_GAMMA_MAX, at_gamma
 from workers.spec import (
@@ -235,9 +236,11 @@ def decode_speculative(
     settings: DecodeSettings,
     *,
     compiled: bool = False,
+    dry_run: bool = False,
 ) -> decoding.DecodeResult:
     """One packed batch through the in-process speculative loop (encoders included),
-    with the seconds it spent compiling (``compile_s``)."""
+    with the seconds it spent compiling (``compile_s``); ``dry_run``: its programs
+    compiled and run, nothing generated (:mod:`workers.warmup`)."""
     with costs.compile_clock() as compiling:
         args = _decode_args(target, batch, settings)
         result = decoding.speculative_generate(
@@ -247,18 +250,47 @@ def decode_speculative(
             gamma=settings.gamma,
             compiled=compiled,
             slots=settings.slots if compiled else None,
+            dry_run=dry_run,
         )
     return result.replace(compile_s=compiling())
 
 
 def decode_baseline(
-    target: BoundModel, batch: PackedBatch, settings: DecodeSettings
+    target: BoundModel, batch: PackedBatch, settings: DecodeSettings, *, dry_run: bool = False
 ) -> decoding.DecodeResult:
     """One packed batch decoded by the target alone (encoder included), with the
-    seconds it spent compiling (``compile_s``)."""
+    seconds it spent compiling (``compile_s``); ``dry_run`` as :func:`decode_speculative`'s."""
     with costs.compile_clock() as compiling:
-        result = decoding.autoregressive_generate(**_decode_args(target, batch, settings))
+        result = decoding.autoregressive_generate(
+            **_decode_args(target, batch, settings), dry_run=dry_run
+        )
     return result.replace(compile_s=compiling())
+
+
+def warm_programs(
+    target: BoundModel,
+    draft: BoundModel | None,
+    settings: DecodeSettings,
+    encoder_lengths: Sequence[int],
+    prompt_tokens: tuple[int, ...],
+    *,
+    loops: Sequence[DecodeSettings],
+    compiled: bool = True,
+) -> warmup.Warmup:
+    """A :class:`workers.warmup.Warmup` of the job's programs on these models: the target
+    alone's and the speculative ``loops``' for each encoder width bucket of
+    ``encoder_lengths`` (the records'), at the job's batch size."""
+    requests = warmup.shape_requests(encoder_lengths, prompt_tokens)
+    return warmup.Warmup(
+        warmup.programs(
+            [pack([request], settings) for request in requests],
+            baseline=lambda b: decode_baseline(target, b, settings, dry_run=True),
+            loop=lambda b, s: decode_speculative(
+                target, draft, b, s, compiled=compiled, dry_run=True
+            ),
+            loops=loops if draft is not None else (),
+        )
+    )
 
 
 class InProcessEngine:
@@ -280,19 +312,15 @@ class InProcessEngine:
         check_draft_target(target.name, draft.name, draft.config)
         self.target, self.draft, self.settings = target, draft, settings
         self.compiled, self.gamma_policy = compiled, gamma_policy
+        self.warmup: warmup.Warmup | None = None  # the job's programs compiled ahead (warm)
 
     def generate(self, requests: Sequence[Request]) -> list[Generation]:
         batch = pack(requests, self.settings)
+        self._settle(batch, loop=self.gamma_policy is None)
         if self.gamma_policy is not None:
             result, _, seconds = self.gamma_policy.decode(
                 batch,
-                lambda gamma: decode_speculative(
-                    self.target,
-                    self.draft,
-                    batch,
-                    at_gamma(self.settings, gamma, rows=batch.prompt_tokens.shape[0]),
-                    compiled=self.compiled,
-                ),
+                lambda gamma: self._speculative(batch, gamma),
                 lambda: decode_baseline(self.target, batch, self.settings),
             )
             return unpack(batch, result, wall_ms=1e3 * seconds)
@@ -302,8 +330,14 @@ class InProcessEngine:
         )
         return unpack(batch, result, wall_ms=1e3 * (time.perf_counter() - start))
 
+    def _speculative(self, batch: PackedBatch, gamma: int) -> decoding.DecodeResult:
+        self._settle(batch, loop=True)
+        settings = at_gamma(self.settings, gamma, rows=batch.prompt_tokens.shape[0])
+        return decode_speculative(self.target, self.draft, batch, settings, compiled=self.compiled)
+
     def generate_baseline(self, requests: Sequence[Request]) -> list[Generation]:
         batch = pack(requests, self.settings)
+        self._settle(batch, loop=False)
         if self.gamma_policy is not None:  # its time per step is the γ = 0 cost
             result, seconds = self.gamma_policy.decode_baseline(
                 batch, lambda: decode_baseline(self.target, batch, self.settings)
@@ -313,9 +347,31 @@ class InProcessEngine:
         result = decode_baseline(self.target, batch, self.settings)
         return unpack(batch, result, wall_ms=1e3 * (time.perf_counter() - start))
 
+    def warm(self, encoder_lengths: Sequence[int], prompt_tokens: tuple[int, ...]) -> None:
+        """Compiles the programs of the job's batch shapes in the background
+        (:mod:`workers.warmup`): one per encoder width bucket of ``encoder_lengths``;
+        returns once the first batch's target-alone program is warm."""
+        self.warmup = warm_programs(
+            self.target,
+            self.draft,
+            self.settings,
+            encoder_lengths,
+            prompt_tokens,
+            loops=warmup.loop_settings(self.settings, self.gamma_policy, self.settings.batch_size),
+            compiled=self.compiled,
+        )
+        self.warmup.first()
+        if self.gamma_policy is not None:
+            self.gamma_policy.ahead = self.warmup
+
+    def _settle(self, batch: PackedBatch, *, loop: bool) -> None:
+        if self.warmup is not None:
+            self.warmup.settle(batch.program_shape(), loop=loop)
+
     def step_costs(self, request: Request, ks: Sequence[int], repeats: int = PROBE_REPEATS):
         """The cost model's inputs on this engine's models (:func:`probe_costs`)."""
         return probe_costs(self.target, self.draft, self.settings, request, ks=ks, repeats=repeats)
 
     def close(self) -> None:
-        pass
+        if self.warmup is not None:
+            self.warmup.report(stop=True)

@@ -139,6 +139,7 @@ class AdaptiveGamma:
         self._forgone: dict[tuple, float] = collections.defaultdict(float)
         self._loop_compiles: list[float] = []  # measured seconds of loops' compiling
         self._batch_saving_s = 0.0  # what speculation would have saved on the last γ = 0 batch
+        self.ahead = None  # workers.warmup.Warmup: the job's loops compiled ahead, if any
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- estimates
@@ -271,11 +272,13 @@ class AdaptiveGamma:
             return float(np.median(self._loop_compiles)) if self._loop_compiles else None
 
     def _loop_paid(self, shape: tuple) -> bool:
-        """Whether ``shape`` has its speculative loop, or has forgone enough to buy it
-        and, where the job's batches are known, has enough batches left to earn it
-        (always with ``speculative_zero``: every batch runs the loop)."""
+        """Whether ``shape`` has its speculative loop (warm, where the job warms it ahead),
+        or has forgone enough to buy it and, where the job's batches are known, has enough
+        batches left to earn it (always with ``speculative_zero``: every batch runs it)."""
         if shape in self._loop_shapes or self.speculative_zero:
             return True
+        if self.ahead is not None and self.ahead.loop_ready(shape):
+            return True  # compiled ahead; else bought as below (workers.warmup)
         compile_s = (
             float(np.median(self._loop_compiles))
             if self._loop_compiles

@@ -153,6 +153,7 @@ class ModelWorker(recovery.Restartable):
         self._early_counts = {"proposed": 0, "kept": 0}  # iterations pipelined, since (re)start
         self._channel = None
         self._draft: ModelWorker | None = None  # a draft hosted here (host_draft)
+        self._warmup = None  # the job's programs compiled ahead here (warm)
 
     def open_channel(self, secret: bytes) -> tuple[str, int]:
         """Starts (once) the direct channel for the loop's calls; returns its address.
@@ -333,6 +334,42 @@ class ModelWorker(recovery.Restartable):
         self._step()  # (kill_after: a test's fault)
         self.host_draft(spec)
         return decode_speculative(self.model, self._draft.model, batch, settings, compiled=True)
+
+    def warm(
+        self,
+        encoder_lengths: tuple[int, ...],
+        prompt_tokens: tuple[int, ...],
+        settings: DecodeSettings,
+        loops: tuple[DecodeSettings, ...],
+        draft: ModelSpec | None,
+    ) -> None:
+        """Starts compiling the job's programs in a background thread here
+        (:func:`workers.engine.warm_programs`; ``draft``: the one :meth:`host_draft`
+        loads, for the ``loops``); returns once the first program is warm
+        (:meth:`workers.warmup.Warmup.first`)."""
+        from workers.engine import warm_programs
+
+        if draft is not None:
+            self.host_draft(draft)
+        draft_model = None if draft is None else self._draft.model
+        self._warmup = warm_programs(
+            self.model, draft_model, settings, encoder_lengths, prompt_tokens, loops=loops
+        )
+        self._warmup.first()
+
+    def warm_settle(self, shape: tuple, loop: bool) -> tuple[bool | None, bool]:
+        """Waits while the warm-up runs a program a batch of ``shape`` needs now
+        (:meth:`workers.warmup.Warmup.settle`); returns (whether its loop is warm, or
+        None: not warmed here; whether the warm-up has ended). A restarted worker has
+        none: (None, True)."""
+        if self._warmup is None:
+            return None, True
+        self._warmup.settle(shape, loop=loop)
+        return self._warmup.loop_ready(shape), self._warmup.done()
+
+    def warm_report(self, stop: bool) -> dict | None:
+        """:meth:`workers.warmup.Warmup.report` of the warm-up here; None: none."""
+        return None if self._warmup is None else self._warmup.report(stop=stop)
 
     def generate_alone(self, batch, settings: DecodeSettings) -> decoding.DecodeResult:
         """Target-only decoding of a packed batch, for the baseline of a job."""

@@ -13,13 +13,38 @@ import time
 from collections.abc import Sequence
 
 from specdec_core import decoding
-from workers import recovery, spec
+from workers import recovery, spec, warmup
 from workers.batching import DecodeSettings, Generation, PackedBatch, Request, pack, unpack
 from workers.channel import new_secret
 from workers.coordinator import SpeculativeCoordinator
 from workers.engine import PROBE_REPEATS, EngineConfig, probe_batch
 from workers.gamma import at_gamma
 from workers.spec import ModelSpec, check_draft_target, check_shared_vocabulary, ensure_ray
+
+
+class _ActorWarmup:
+    """The warm-up in the target's actor (:meth:`ModelWorker.warm`), as the engine and
+    the policy ask it: one call per batch while it runs, none once a shape is settled
+    (its loop warm, or the warm-up ended)."""
+
+    def __init__(self, ray, actor):
+        self._ray, self._actor = ray, actor
+        self._ready: dict[tuple, bool | None] = {}
+        self._final: set[tuple] = set()
+
+    def settle(self, shape: tuple, *, loop: bool) -> None:
+        if shape in self._final:
+            return
+        ready, ended = self._ray.get(self._actor.warm_settle.remote(shape, loop))
+        self._ready[shape] = ready
+        if ready or ended:
+            self._final.add(shape)
+
+    def loop_ready(self, shape: tuple) -> bool | None:
+        return self._ready.get(shape)
+
+    def report(self, *, stop: bool = False) -> dict | None:
+        return self._ray.get(self._actor.warm_report.remote(stop))
 
 
 class RayEngine:
@@ -118,12 +143,14 @@ class RayEngine:
         else:
             infos = ray.get([self.target.info.remote(), self.coordinator.draft_info.remote()])
             self._coordinator_instance = ray.get(self.coordinator.instance.remote())
+        self._draft_spec, self.warmup = draft, None
         self._restarts = {"target": 0, "draft": 0, "coordinator": 0}
         self._seen = {"target": 0, "draft": 0}  # counted by the coordinator now running
         self.transport = infos[1]["transport"]  # "ray" if the channel could not connect
 
     def generate(self, requests: Sequence[Request]) -> list[Generation]:
         batch = pack(requests, self.settings)
+        self._settle(batch, loop=self.gamma_policy is None)
         if self.gamma_policy is not None:  # γ per batch (workers.gamma); 0: the target alone
             result, _, seconds = self.gamma_policy.decode(
                 batch,
@@ -139,6 +166,7 @@ class RayEngine:
 
     def generate_baseline(self, requests: Sequence[Request]) -> list[Generation]:
         batch = pack(requests, self.settings)
+        self._settle(batch, loop=False)
         if self.gamma_policy is not None:  # its time per step is the γ = 0 cost
             result, seconds = self.gamma_policy.decode_baseline(
                 batch,
@@ -148,6 +176,27 @@ class RayEngine:
         start = time.perf_counter()
         result = self._on_coordinator("generate_baseline", batch, self.settings)
         return unpack(batch, result, wall_ms=1e3 * (time.perf_counter() - start))
+
+    def warm(self, encoder_lengths: Sequence[int], prompt_tokens: tuple[int, ...]) -> None:
+        """With the draft in the target's actor, compiles the job's programs there in the
+        background (:meth:`workers.model_worker.ModelWorker.warm`), returning once the
+        first batch's target-alone program is warm; other placements run their loops'
+        calls across processes and compile them on the batches' path."""
+        if self._local is None:
+            return
+        loops = warmup.loop_settings(self.settings, self.gamma_policy, self.settings.batch_size)
+        self._ray.get(
+            self.target.warm.remote(
+                tuple(encoder_lengths), prompt_tokens, self.settings, tuple(loops), self._draft_spec
+            )
+        )
+        self.warmup = _ActorWarmup(self._ray, self.target)
+        if self.gamma_policy is not None:
+            self.gamma_policy.ahead = self.warmup
+
+    def _settle(self, batch: PackedBatch, *, loop: bool) -> None:
+        if self.warmup is not None:
+            self.warmup.settle(batch.program_shape(), loop=loop)
 
     def step_costs(self, request: Request, ks: Sequence[int], repeats: int = PROBE_REPEATS):
         """The cost model's inputs (``theory.StepCosts``), timed by the workers that ran
