@@ -56,8 +56,8 @@ def test_the_shipped_pair_as_make_run_runs_it_gives_the_targets_translations(tmp
     assert summary["identical_to_baseline"] is True
     assert summary["gamma_histogram"] and summary["records_out"] == len(records)
     # the target's actor compiled the job's programs ahead: each width's target alone's
-    # and the loop every γ shares at batch 1
-    assert summary["warmup_programs"] >= 2 and summary["warmup_compile_s"] > 0
+    # (and a loop --gamma auto bought)
+    assert summary["warmup_programs"] >= 1 and summary["warmup_compile_s"] > 0
     rows = {row["id"]: row for row in record_io.read_jsonl(str(output))}
     got = [rows[str(i)]["output"] for i in range(1, len(records) + 1)]
     assert got == [r["output"] for r in records]

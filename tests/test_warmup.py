@@ -158,7 +158,7 @@ def test_a_failed_program_gives_its_shape_back_to_the_policy_and_a_stop_ends_the
     gated.gates["b-alone"].set()
     warm.join(30)
     assert gated.ran == ["a-alone", "b-alone"]  # a-loop skipped, b-loop not begun
-    assert warm.loop_ready(b) is False and warm.done()
+    assert warm.loop_ready(b) is None and warm.done()  # stopped before its loop
     dear = AdaptiveGamma(2, prior=GammaPrior(alpha=0.9, draft_c=0.05, loop_compile_s=5.0))
     free = AdaptiveGamma(2, prior=GammaPrior(alpha=0.9, draft_c=0.05, loop_compile_s=0.0))
     dear.ahead = free.ahead = warm
@@ -167,34 +167,59 @@ def test_a_failed_program_gives_its_shape_back_to_the_policy_and_a_stop_ends_the
     assert free.choose(shape=a) >= 1 and free.choose(shape=b) >= 1
 
 
+def _batches(lengths, batch_size):
+    return [
+        _requests(lengths[start : start + batch_size], offset=start)
+        for start in range(0, len(lengths), batch_size)
+    ]
+
+
 @pytest.mark.parametrize("batch_size", [1, 2])
-def test_an_engine_that_warms_its_job_gives_the_same_tokens_and_compiles_nothing_on_its_path(
+def test_an_engine_warms_its_job_and_auto_gamma_buys_a_loop_off_the_batches_path(
     models, batch_size
 ):
     target, draft = models
     decoding.clear_compiled()
     settings = DecodeSettings(gamma=2, max_new_tokens=6, batch_size=batch_size)
     lengths = [9, 20, 11, 30, 18, 5]
-    batches = [
-        _requests(lengths[start : start + batch_size], offset=start)
-        for start in range(0, len(lengths), batch_size)
-    ]
+    batches = _batches(lengths, batch_size)
     plain = InProcessEngine(target, draft, settings)
     expected = [g.tokens for requests in batches for g in plain.generate_baseline(requests)]
     decoding.clear_compiled()
-    policy = AdaptiveGamma(2, prior=GammaPrior(alpha=0.9, draft_c=0.05, loop_compile_s=5.0))
+    # compiling priced free: the policy buys a shape's loop at its first batch
+    policy = AdaptiveGamma(2, prior=GammaPrior(alpha=0.9, draft_c=0.05, loop_compile_s=0.0))
     engine = InProcessEngine(target, draft, settings, gamma_policy=policy)
     engine.warm(lengths, (0,))
     engine.warmup.join(120)
-    assert engine.warmup.report()["errors"] == []
-    assert engine.warmup.report()["programs"] == 2 * 2  # two width buckets: alone + loop
+    report = engine.warmup.report()
+    assert report["errors"] == [] and report["programs"] == report["of"] == 2  # two widths
+    shape = pack(batches[0], settings).program_shape()
+    assert engine.warmup.loop_ready(shape) is None  # the loops wait to be bought
     got, compiled = [], []
-    for requests in batches:
+    for number, requests in enumerate(batches):
         speculative = engine.generate(requests)
         got += [g.tokens for g in speculative]
         compiled += [g.batch_compile_ms for g in speculative + engine.generate_baseline(requests)]
+        if number == 0:  # bought: the warm-up compiles it while the batch ran at γ = 0
+            assert policy.history == [0] and engine.warmup.loop_ready(shape) is not None
+            engine.warmup.join(120)
     assert got == expected
-    assert compiled and all(ms == 0.0 for ms in compiled)
-    # the loop was warm: the policy speculated without paying for it first
-    assert any(g >= 1 for g in policy.history)
+    assert compiled and all(ms == 0.0 for ms in compiled)  # nothing on the batches' path
+    # warm: the next batch speculates (the draft pays, as the prior has it)
+    assert policy.history[1] >= 1 and engine.warmup.report()["programs"] > 2
     engine.close()
+
+
+def test_an_engine_at_a_fixed_gamma_warms_its_loops_at_once(models):
+    target, draft = models
+    decoding.clear_compiled()
+    settings = DecodeSettings(gamma=2, max_new_tokens=6, batch_size=1)
+    lengths = [9, 30]
+    engine = InProcessEngine(target, draft, settings)
+    engine.warm(lengths, (0,))
+    engine.warmup.join(120)
+    assert engine.warmup.report()["programs"] == 4  # each width: the target alone, a loop
+    generations = [g for requests in _batches(lengths, 1) for g in engine.generate(requests)]
+    assert all(g.batch_compile_ms == 0.0 for g in generations)
+    alone = [g for requests in _batches(lengths, 1) for g in engine.generate_baseline(requests)]
+    assert [g.tokens for g in generations] == [g.tokens for g in alone]

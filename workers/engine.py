@@ -275,22 +275,23 @@ def warm_programs(
     prompt_tokens: tuple[int, ...],
     *,
     loops: Sequence[DecodeSettings],
+    eager: bool,
     compiled: bool = True,
 ) -> warmup.Warmup:
-    """A :class:`workers.warmup.Warmup` of the job's programs on these models: the target
-    alone's and the speculative ``loops``' for each encoder width bucket of
-    ``encoder_lengths`` (the records'), at the job's batch size."""
+    """A :class:`workers.warmup.Warmup` of the job's programs on these models for each
+    encoder width bucket of ``encoder_lengths`` (the records'), at the job's batch size:
+    the target alone's at once; the speculative ``loops``' at once where ``eager``, else
+    each shape's when the policy buys it (:meth:`workers.warmup.Warmup.buy`)."""
     requests = warmup.shape_requests(encoder_lengths, prompt_tokens)
-    return warmup.Warmup(
-        warmup.programs(
-            [pack([request], settings) for request in requests],
-            baseline=lambda b: decode_baseline(target, b, settings, dry_run=True),
-            loop=lambda b, s: decode_speculative(
-                target, draft, b, s, compiled=compiled, dry_run=True
-            ),
-            loops=loops if draft is not None else (),
-        )
+    alone, by_shape = warmup.programs(
+        [pack([request], settings) for request in requests],
+        baseline=lambda b: decode_baseline(target, b, settings, dry_run=True),
+        loop=lambda b, s: decode_speculative(target, draft, b, s, compiled=compiled, dry_run=True),
+        loops=loops if draft is not None else (),
     )
+    if eager:
+        return warmup.Warmup(alone + [p for shape in by_shape.values() for p in shape])
+    return warmup.Warmup(alone, on_demand=by_shape)
 
 
 class InProcessEngine:
@@ -358,6 +359,7 @@ class InProcessEngine:
             encoder_lengths,
             prompt_tokens,
             loops=warmup.loop_settings(self.settings, self.gamma_policy, self.settings.batch_size),
+            eager=warmup.eager_loops(self.gamma_policy),
             compiled=self.compiled,
         )
         self.warmup.first()

@@ -272,24 +272,22 @@ class AdaptiveGamma:
             return float(np.median(self._loop_compiles)) if self._loop_compiles else None
 
     def _loop_paid(self, shape: tuple) -> bool:
-        """Whether ``shape`` has its speculative loop (warm, where the job warms it ahead),
-        or has forgone enough to buy it and, where the job's batches are known, has enough
-        batches left to earn it (always with ``speculative_zero``: every batch runs it)."""
+        """Whether ``shape`` has its loop (warm, where compiled ahead), or has forgone enough
+        to buy it and, the job's batches known, enough left to earn it (always where
+        ``speculative_zero``: every batch runs it)."""
         if shape in self._loop_shapes or self.speculative_zero:
             return True
-        if self.ahead is not None and self.ahead.loop_ready(shape):
-            return True  # compiled ahead; else bought as below (workers.warmup)
-        compile_s = (
-            float(np.median(self._loop_compiles))
-            if self._loop_compiles
-            else self.prior.loop_compile_s
-        )
+        warm = None if self.ahead is None else self.ahead.loop_ready(shape)
+        if warm is not None:  # compiled ahead (workers.warmup), or compiling there
+            return warm
+        measured = self._loop_compiles
+        compile_s = float(np.median(measured)) if measured else self.prior.loop_compile_s
         if self._forgone[shape] < compile_s:
             return False
-        if self.batches is None:
-            return True
-        left = max(self.batches - len(self.history), 0)
-        return self._batch_saving_s * left >= compile_s
+        paid = self.batches is None or (
+            self._batch_saving_s * max(self.batches - len(self.history), 0) >= compile_s
+        )  # bought: a warm-up that takes the purchase compiles it, off the batches' path
+        return paid and not (self.ahead is not None and self.ahead.buy(shape))
 
     def _saving(self, rows: int, optimistic: bool = True) -> float:
         """The share of a γ = 0 batch's loop time that speculation would save, as

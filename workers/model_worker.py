@@ -342,6 +342,7 @@ class ModelWorker(recovery.Restartable):
         settings: DecodeSettings,
         loops: tuple[DecodeSettings, ...],
         draft: ModelSpec | None,
+        eager: bool,
     ) -> None:
         """Starts compiling the job's programs in a background thread here
         (:func:`workers.engine.warm_programs`; ``draft``: the one :meth:`host_draft`
@@ -353,19 +354,28 @@ class ModelWorker(recovery.Restartable):
             self.host_draft(draft)
         draft_model = None if draft is None else self._draft.model
         self._warmup = warm_programs(
-            self.model, draft_model, settings, encoder_lengths, prompt_tokens, loops=loops
+            self.model,
+            draft_model,
+            settings,
+            encoder_lengths,
+            prompt_tokens,
+            loops=loops,
+            eager=eager,
         )
         self._warmup.first()
 
-    def warm_settle(self, shape: tuple, loop: bool) -> tuple[bool | None, bool]:
+    def warm_settle(self, shape: tuple, loop: bool) -> bool | None:
         """Waits while the warm-up runs a program a batch of ``shape`` needs now
-        (:meth:`workers.warmup.Warmup.settle`); returns (whether its loop is warm, or
-        None: not warmed here; whether the warm-up has ended). A restarted worker has
-        none: (None, True)."""
+        (:meth:`workers.warmup.Warmup.settle`); returns whether its loop is warm
+        (:meth:`workers.warmup.Warmup.loop_ready`). A restarted worker has none: None."""
         if self._warmup is None:
-            return None, True
+            return None
         self._warmup.settle(shape, loop=loop)
-        return self._warmup.loop_ready(shape), self._warmup.done()
+        return self._warmup.loop_ready(shape)
+
+    def warm_buy(self, shape: tuple) -> bool:
+        """:meth:`workers.warmup.Warmup.buy` here; False without a warm-up."""
+        return self._warmup is not None and self._warmup.buy(shape)
 
     def warm_report(self, stop: bool) -> dict | None:
         """:meth:`workers.warmup.Warmup.report` of the warm-up here; None: none."""

@@ -24,24 +24,24 @@ from workers.spec import ModelSpec, check_draft_target, check_shared_vocabulary,
 
 class _ActorWarmup:
     """The warm-up in the target's actor (:meth:`ModelWorker.warm`), as the engine and
-    the policy ask it: one call per batch while it runs, none once a shape is settled
-    (its loop warm, or the warm-up ended)."""
+    the policy ask it: one call per batch until its shape's loop is warm, none after."""
 
     def __init__(self, ray, actor):
         self._ray, self._actor = ray, actor
         self._ready: dict[tuple, bool | None] = {}
-        self._final: set[tuple] = set()
 
     def settle(self, shape: tuple, *, loop: bool) -> None:
-        if shape in self._final:
-            return
-        ready, ended = self._ray.get(self._actor.warm_settle.remote(shape, loop))
-        self._ready[shape] = ready
-        if ready or ended:
-            self._final.add(shape)
+        if not self._ready.get(shape):
+            self._ready[shape] = self._ray.get(self._actor.warm_settle.remote(shape, loop))
 
     def loop_ready(self, shape: tuple) -> bool | None:
         return self._ready.get(shape)
+
+    def buy(self, shape: tuple) -> bool:
+        bought = self._ray.get(self._actor.warm_buy.remote(shape))
+        if bought:
+            self._ready[shape] = False
+        return bought
 
     def report(self, *, stop: bool = False) -> dict | None:
         return self._ray.get(self._actor.warm_report.remote(stop))
@@ -187,7 +187,12 @@ class RayEngine:
         loops = warmup.loop_settings(self.settings, self.gamma_policy, self.settings.batch_size)
         self._ray.get(
             self.target.warm.remote(
-                tuple(encoder_lengths), prompt_tokens, self.settings, tuple(loops), self._draft_spec
+                tuple(encoder_lengths),
+                prompt_tokens,
+                self.settings,
+                tuple(loops),
+                self._draft_spec,
+                warmup.eager_loops(self.gamma_policy),
             )
         )
         self.warmup = _ActorWarmup(self._ray, self.target)

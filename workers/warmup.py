@@ -7,16 +7,16 @@ job's batch size. Every shape needs the target alone's programs (the baseline, a
 from the persistent cache (tracing and lowering still run in every process), takes
 seconds that a batch met them on would wait for.
 
-:class:`Warmup` runs each shape's programs once in a background thread, first seen
-first, as a *dry run* (``decoding``'s ``dry_run``: every row starts done, so nothing
-is generated and the call costs little beyond compiling): every shape's target-alone
-program first, then the loops. Meanwhile the job decodes: a batch whose shape is being warmed
-waits for the program in flight rather than compile it a second time
-(:meth:`Warmup.settle`); ``--gamma auto`` runs a shape's loop once it is warm
-(:meth:`Warmup.loop_ready`), or once it would have bought it anyway, and then waits for
-it where the warm-up has it in flight. Where the warm-up fails, the batch compiles on
-its own path as it would have without one. Its compiling is not a batch's: the job
-reports it apart.
+:class:`Warmup` runs programs once in a background thread, as a *dry run*
+(``decoding``'s ``dry_run``: every row starts done, so nothing is generated and the
+call costs little beyond compiling): every shape's target-alone program first, first
+seen first; then, for a fixed γ, every shape's loop; under ``--gamma auto`` a shape's
+loop when the policy buys it (:meth:`Warmup.buy`), so that a loop the job may never
+run costs no CPU beside its batches. Meanwhile the job decodes: a batch whose shape is
+being warmed waits for the program in flight rather than compile it a second time
+(:meth:`Warmup.settle`), and a bought shape runs at γ = 0 until its loop is warm
+(:meth:`Warmup.loop_ready`). Where the warm-up fails, the batch compiles on its own path
+as it would have without one. Its compiling is not a batch's: the job reports it apart.
 """
 
 from __future__ import annotations
@@ -58,6 +58,13 @@ def loop_settings(settings: DecodeSettings, policy, rows: int) -> list[DecodeSet
     return [at_gamma(settings, gamma, rows=rows) for gamma in gammas]
 
 
+def eager_loops(policy) -> bool:
+    """Whether the loops warm at once: a fixed γ (no ``policy``) and the paper's rule at
+    T > 0 (``speculative_zero``: γ = 0 runs the loop too) run one from the first batch;
+    ``--gamma auto`` otherwise warms a shape's loop when it buys it."""
+    return policy is None or bool(getattr(policy, "speculative_zero", False))
+
+
 @dataclasses.dataclass(frozen=True)
 class Program:
     """One program to warm: for a batch of ``shape`` (``PackedBatch.program_shape``),
@@ -74,37 +81,48 @@ def programs(
     baseline: Callable[[PackedBatch], object],
     loop: Callable[[PackedBatch, DecodeSettings], object],
     loops: Sequence[DecodeSettings],
-) -> list[Program]:
-    """Every batch's target-alone program (``baseline(batch)`` dry-runs it), then every
-    batch's loops (``loop(batch, settings)`` for each of ``loops``). A batch of a new
-    shape needs its target-alone program at once (``--gamma auto`` starts a shape at
-    γ = 0), and a target-alone program compiles in a fraction of a loop's time."""
+) -> tuple[list[Program], dict[tuple, list[Program]]]:
+    """(every batch's target-alone program, ``baseline(batch)`` dry-running it; each
+    program shape's loops, ``loop(batch, settings)`` for each batch of the shape and
+    each of ``loops``). A batch of a new shape needs its target-alone program at once
+    (``--gamma auto`` starts a shape at γ = 0), and it compiles in a fraction of a
+    loop's time."""
     alone = [Program(b.program_shape(), functools.partial(baseline, b), False) for b in batches]
-    return alone + [
-        Program(b.program_shape(), functools.partial(loop, b, settings), True)
-        for b in batches
-        for settings in loops
-    ]
+    by_shape: dict[tuple, list[Program]] = {}
+    for b in batches:
+        by_shape.setdefault(b.program_shape(), []).extend(
+            Program(b.program_shape(), functools.partial(loop, b, settings), True)
+            for settings in loops
+        )
+    return alone, by_shape
 
 
 class Warmup:
-    """Runs ``work`` (:class:`Program`) in a daemon thread, in order; thread-safe."""
+    """Runs :class:`Program` s in a daemon thread, in order; thread-safe.
 
-    def __init__(self, work: Sequence[Program]):
-        self._work = list(work)
+    ``work`` starts at once. A loop program in it, or one that :meth:`buy` queues later,
+    is the loop of its shape: the shape's loop is warm once all of its loop programs
+    have run (:meth:`loop_ready`). ``on_demand`` (shape -> loop programs): loops that
+    run only once bought.
+    """
+
+    def __init__(self, work: Sequence[Program], on_demand: dict | None = None):
+        self._queue = list(work)
+        self._on_demand = dict(on_demand or {})
         self._cond = threading.Condition()
         self._current: Program | None = None
-        self._left = {}  # shape -> its loop programs not yet warm
-        for program in self._work:
+        self._left: dict[tuple, int] = {}  # shape -> its loop programs not yet warm
+        for program in self._queue:
             if program.loop:
                 self._left[program.shape] = self._left.get(program.shape, 0) + 1
-        self._ready: set[tuple] = {s for s, n in self._left.items() if n == 0}
+        self._ready: set[tuple] = set()
         self._failed: set[tuple] = set()
         self.compile_s = 0.0  # seconds the warm-up spent compiling (its own thread's)
-        self.seconds = 0.0  # its wall seconds so far
+        self.seconds = 0.0  # its wall seconds, programs run
         self.programs_run = 0
+        self.programs_queued = len(self._queue)
         self.errors: list[str] = []
-        self._ended = self._stopped = False
+        self._stopped = False
         self._thread = threading.Thread(target=self._run, name="warmup", daemon=True)
         self._thread.start()
 
@@ -112,39 +130,62 @@ class Warmup:
         """Waits for the first program (the first batch's target-alone program: a job
         needs it whether it speculates or not, so its wait is the engine's start)."""
         with self._cond:
-            self._cond.wait_for(lambda: self.programs_run + len(self.errors) >= 1 or self._ended)
+            self._cond.wait_for(
+                lambda: self.programs_run + len(self.errors) >= 1 or self._idle() or self._stopped
+            )  # fmt: skip
+
+    def buy(self, shape: tuple) -> bool:
+        """Queues ``shape``'s loop programs (``on_demand``), to compile after what is
+        queued; False where it has none to queue (not a shape of the job, or its
+        warm-up failed: the caller compiles the loop on its own path)."""
+        with self._cond:
+            if self._stopped or shape in self._failed:
+                return False
+            if shape in self._left or shape in self._ready:
+                return True
+            loops = self._on_demand.get(shape)
+            if not loops:
+                return False
+            self._queue += loops
+            self.programs_queued += len(loops)
+            self._left[shape] = len(loops)
+            self._cond.notify_all()
+            return True
+
+    def _idle(self) -> bool:
+        return not self._queue and self._current is None
 
     def _run(self) -> None:
-        start = time.perf_counter()
-        for program in self._work:
+        while True:
             with self._cond:
+                self._cond.wait_for(lambda: self._queue or self._stopped)
                 if self._stopped:
-                    break
+                    self._cond.notify_all()
+                    return
+                program = self._current = self._queue.pop(0)
                 if program.shape in self._failed:
+                    self._current = None
+                    self._cond.notify_all()
                     continue
-                self._current = program
-            ok = False
+            start, error_text = time.perf_counter(), None
             try:
                 result = program.run()
-                self.compile_s += measured_compile_s(result) or 0.0
-                ok = True
             except Exception as error:  # the batch compiles on its own path instead
                 error_text = f"{type(error).__name__}: {error}"
             with self._cond:
                 self._current = None
-                self.programs_run += ok
-                self.seconds = time.perf_counter() - start
-                if not ok:
+                self.seconds += time.perf_counter() - start
+                if error_text is not None:
                     self.errors.append(error_text)
                     self._failed.add(program.shape)
-                elif program.loop:
-                    self._left[program.shape] -= 1
-                    if self._left[program.shape] == 0:
-                        self._ready.add(program.shape)
+                else:
+                    self.programs_run += 1
+                    self.compile_s += measured_compile_s(result) or 0.0
+                    if program.loop:
+                        self._left[program.shape] -= 1
+                        if self._left[program.shape] == 0:
+                            self._ready.add(program.shape)
                 self._cond.notify_all()
-        with self._cond:
-            self._ended = True
-            self._cond.notify_all()
 
     def settle(self, shape: tuple, *, loop: bool) -> None:
         """Waits while the warm-up runs a program that a batch of ``shape`` needs now:
@@ -159,30 +200,39 @@ class Warmup:
             )
 
     def loop_ready(self, shape: tuple) -> bool | None:
-        """Whether ``shape``'s loop programs are warm; None where the warm-up has none
-        for it (not one of the job's shapes, or its warm-up failed)."""
+        """Whether ``shape``'s loop is warm (False: queued or compiling); None where the
+        warm-up has none for it (not bought, not one of the job's shapes, failed, or the
+        warm-up stopped before it)."""
         with self._cond:
             if shape in self._ready:
                 return True
-            if shape in self._failed or shape not in self._left:
+            if shape in self._failed or self._stopped or shape not in self._left:
                 return None
             return False
 
     def done(self) -> bool:
+        """Nothing running, and nothing queued or stopped (a later :meth:`buy` may queue
+        more)."""
         with self._cond:
-            return self._ended
+            return self._current is None and (not self._queue or self._stopped)
 
     def join(self, timeout: float | None = None) -> None:
-        self._thread.join(timeout)
+        """Waits until :meth:`done`."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self._current is None and (not self._queue or self._stopped), timeout
+            )
 
     def report(self, *, stop: bool = False) -> dict:
-        """What the warm-up did so far: programs run, its compiling and wall seconds;
-        ``stop``: the job has ended, so the programs not begun are left out."""
+        """What the warm-up did so far: programs run of those queued, its compiling and
+        wall seconds; ``stop``: the job has ended, so what is queued is left out."""
         with self._cond:
-            self._stopped = self._stopped or stop
+            if stop:
+                self._stopped = True
+                self._cond.notify_all()
             return {
                 "programs": self.programs_run,
-                "of": len(self._work),
+                "of": self.programs_queued,
                 "compile_s": self.compile_s,
                 "seconds": self.seconds,
                 "errors": list(self.errors),
