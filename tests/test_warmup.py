@@ -100,7 +100,7 @@ class _Gated:
                 draft_s=0.0, target_s=0.0, overhead_s=0.0, total_s=0.0, compile_s=0.5,
             )  # fmt: skip
 
-        return warmup.Program(shape, run, loop)
+        return warmup.Program(shape, shape, run, loop)
 
 
 def test_a_batch_waits_only_for_the_program_it_needs_and_loops_are_ready_once_warm():
@@ -117,6 +117,7 @@ def test_a_batch_waits_only_for_the_program_it_needs_and_loops_are_ready_once_wa
     waiter.start()
     waiter.join(0.2)
     assert waiter.is_alive()  # the target alone's program of its shape is in flight
+    warm.settle(("a", "another encoder width"), loop=True)  # another batch shape: no wait
     gated.gates["a-alone"].set()
     waiter.join(30)
     assert not waiter.is_alive()

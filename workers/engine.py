@@ -368,7 +368,7 @@ class InProcessEngine:
 
     def _settle(self, batch: PackedBatch, *, loop: bool) -> None:
         if self.warmup is not None:
-            self.warmup.settle(batch.program_shape(), loop=loop)
+            self.warmup.settle(batch.shape(), loop=loop)
 
     def step_costs(self, request: Request, ks: Sequence[int], repeats: int = PROBE_REPEATS):
         """The cost model's inputs on this engine's models (:func:`probe_costs`)."""

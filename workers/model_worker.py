@@ -364,13 +364,14 @@ class ModelWorker(recovery.Restartable):
         )
         self._warmup.first()
 
-    def warm_settle(self, shape: tuple, loop: bool) -> bool | None:
-        """Waits while the warm-up runs a program a batch of ``shape`` needs now
-        (:meth:`workers.warmup.Warmup.settle`); returns whether its loop is warm
-        (:meth:`workers.warmup.Warmup.loop_ready`). A restarted worker has none: None."""
+    def warm_settle(self, key: tuple, shape: tuple, loop: bool) -> bool | None:
+        """Waits while the warm-up runs a program a batch of ``key`` needs now
+        (:meth:`workers.warmup.Warmup.settle`); returns whether the loop of its program
+        ``shape`` is warm (:meth:`workers.warmup.Warmup.loop_ready`). A restarted
+        worker has none: None."""
         if self._warmup is None:
             return None
-        self._warmup.settle(shape, loop=loop)
+        self._warmup.settle(key, loop=loop)
         return self._warmup.loop_ready(shape)
 
     def warm_buy(self, shape: tuple) -> bool:

@@ -24,15 +24,20 @@ from workers.spec import ModelSpec, check_draft_target, check_shared_vocabulary,
 
 class _ActorWarmup:
     """The warm-up in the target's actor (:meth:`ModelWorker.warm`), as the engine and
-    the policy ask it: one call per batch until its shape's loop is warm, none after."""
+    the policy ask it. A batch asks once per encoder width whether to wait, and again
+    each batch only while its loop is bought and compiling."""
 
     def __init__(self, ray, actor):
         self._ray, self._actor = ray, actor
         self._ready: dict[tuple, bool | None] = {}
+        self._settled: set[tuple] = set()
 
-    def settle(self, shape: tuple, *, loop: bool) -> None:
-        if not self._ready.get(shape):
-            self._ready[shape] = self._ray.get(self._actor.warm_settle.remote(shape, loop))
+    def settle(self, key: tuple, shape: tuple, *, loop: bool) -> None:
+        ready = self._ready.get(shape)
+        if ready or (key in self._settled and ready is None and not loop):
+            return  # nothing of this batch's left to compile there
+        self._ready[shape] = self._ray.get(self._actor.warm_settle.remote(key, shape, loop))
+        self._settled.add(key)
 
     def loop_ready(self, shape: tuple) -> bool | None:
         return self._ready.get(shape)
@@ -201,7 +206,7 @@ class RayEngine:
 
     def _settle(self, batch: PackedBatch, *, loop: bool) -> None:
         if self.warmup is not None:
-            self.warmup.settle(batch.program_shape(), loop=loop)
+            self.warmup.settle(batch.shape(), batch.program_shape(), loop=loop)
 
     def step_costs(self, request: Request, ks: Sequence[int], repeats: int = PROBE_REPEATS):
         """The cost model's inputs (``theory.StepCosts``), timed by the workers that ran

@@ -67,9 +67,11 @@ def eager_loops(policy) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Program:
-    """One program to warm: for a batch of ``shape`` (``PackedBatch.program_shape``),
-    ``run()`` dry-runs it; ``loop``: the speculative loop (else the target alone's)."""
+    """One program to warm: for a batch of ``key`` (``PackedBatch.shape``: the encoder
+    width too) and ``shape`` (``PackedBatch.program_shape``: what its loops compile
+    for), ``run()`` dry-runs it; ``loop``: the speculative loop (else the target alone's)."""
 
+    key: tuple
     shape: tuple
     run: Callable[[], object]
     loop: bool
@@ -87,11 +89,14 @@ def programs(
     each of ``loops``). A batch of a new shape needs its target-alone program at once
     (``--gamma auto`` starts a shape at γ = 0), and it compiles in a fraction of a
     loop's time."""
-    alone = [Program(b.program_shape(), functools.partial(baseline, b), False) for b in batches]
+    alone = [
+        Program(b.shape(), b.program_shape(), functools.partial(baseline, b), False)
+        for b in batches
+    ]
     by_shape: dict[tuple, list[Program]] = {}
     for b in batches:
         by_shape.setdefault(b.program_shape(), []).extend(
-            Program(b.program_shape(), functools.partial(loop, b, settings), True)
+            Program(b.shape(), b.program_shape(), functools.partial(loop, b, settings), True)
             for settings in loops
         )
     return alone, by_shape
@@ -187,14 +192,15 @@ class Warmup:
                             self._ready.add(program.shape)
                 self._cond.notify_all()
 
-    def settle(self, shape: tuple, *, loop: bool) -> None:
-        """Waits while the warm-up runs a program that a batch of ``shape`` needs now:
-        the target alone's, or (``loop``: the batch runs the speculative loop) any."""
+    def settle(self, key: tuple, *, loop: bool) -> None:
+        """Waits while the warm-up runs a program that a batch of ``key``
+        (``PackedBatch.shape``) needs now: its target-alone program, or (``loop``: the
+        batch runs the speculative loop) either."""
         with self._cond:
             self._cond.wait_for(
                 lambda: (
                     self._current is None
-                    or self._current.shape != shape
+                    or self._current.key != key
                     or (self._current.loop and not loop)
                 )
             )
