@@ -149,8 +149,11 @@ def run_job(job: JobConfig) -> JobSummary:
         policy = getattr(engine, "gamma_policy", None)  # the engine MeteredEngine wraps
         summary["loop_compile_s"] = getattr(policy, "loop_compile_s", lambda: None)()
         ahead = getattr(engine, "warmup", None)  # workers.warmup: stopped, the job decoded
-        if ahead is not None and (done := ahead.report(stop=True)):
-            summary |= {"warmup_compile_s": done["compile_s"], "warmup_programs": done["programs"]}
+        if ahead is not None and (warmed := ahead.report(stop=True)):
+            summary |= {
+                "warmup_compile_s": warmed["compile_s"],
+                "warmup_programs": warmed["programs"],
+            }
         if job.compare_baseline and summary["speedup_loop"] is not None:
             probe_start = time.perf_counter()  # on the job's own engine, where it has one
             summary |= job_prediction.probe(job, rows, summary, engine)

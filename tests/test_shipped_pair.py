@@ -58,6 +58,7 @@ def test_the_shipped_pair_as_make_run_runs_it_gives_the_targets_translations(tmp
     # the target's actor compiled the job's programs ahead: each width's target alone's
     # (and a loop --gamma auto bought)
     assert summary["warmup_programs"] >= 1 and summary["warmup_compile_s"] > 0
+    assert summary["records_resumed"] == 0  # a fresh job resumes nothing
     rows = {row["id"]: row for row in record_io.read_jsonl(str(output))}
     got = [rows[str(i)]["output"] for i in range(1, len(records) + 1)]
     assert got == [r["output"] for r in records]
