@@ -428,7 +428,12 @@ def autoregressive_generate(
     generates nothing (a job warms its batches' programs ahead of them).
     """
     prompt_tokens, prompt_lengths, state, start = _begin(
-        prompt_tokens, prompt_lengths, request_ids, seed, max_new_tokens, gamma=0,
+        prompt_tokens,
+        prompt_lengths,
+        request_ids,
+        seed,
+        max_new_tokens,
+        gamma=0,
         dry_run=dry_run,
     )
     cache = prefill_fn(target)(target_cache, prompt_tokens, prompt_lengths)
@@ -893,7 +898,12 @@ def speculative_generate(
     if slots is not None and not (compiled and slots >= gamma):
         raise ValueError(f"slots ({slots}) needs compiled=True and slots >= gamma ({gamma})")
     prompt_tokens, prompt_lengths, state, start = _begin(
-        prompt_tokens, prompt_lengths, request_ids, seed, max_new_tokens, gamma=slots or gamma,
+        prompt_tokens,
+        prompt_lengths,
+        request_ids,
+        seed,
+        max_new_tokens,
+        gamma=slots or gamma,
         dry_run=dry_run,
     )
     t0 = time.perf_counter()
