@@ -619,7 +619,11 @@ def _inprocess_job(folder, pair, store_uri, name: str, *extra: str):
 def test_a_second_job_starts_from_the_first_ones_figures(workdir, models, tracking_uri):  # noqa: F811
     """--gamma auto's prior comes from the newest finished run of the same job: the
     second of two identical jobs reads the first's step costs from MLflow."""
+    # --no-warmup: a bought loop compiles on its batch's path, so the first job times a
+    # γ ≥ 1 however fast the machine (a loop compiled in the background may be warm only
+    # after this short job's last batch)
     extra = ("--compare-baseline", "--gamma", "auto", "--gamma-max", "3", "--batch-size", "3")
+    extra += ("--no-warmup",)
     jobs = [
         _inprocess_job(workdir, models, tracking_uri, name, *extra)
         for name in ("prior_first", "prior_second")
@@ -627,6 +631,7 @@ def test_a_second_job_starts_from_the_first_ones_figures(workdir, models, tracki
     first, second = (job.summary for job in jobs)
     assert [job.code for job in jobs] == [0, 0]
     assert first["gamma_prior_run_id"] is None  # no earlier run of this job (batch 3)
+    assert first["warmup_programs"] is None  # --no-warmup: nothing compiled ahead
     assert second["gamma_prior_run_id"] == first["mlflow_run_id"]
     costs = first["step_costs_ms"]
     step = costs["target"]["1"]
