@@ -86,6 +86,12 @@ class JobConfig:
     warmup: bool = True
     no_draft: bool = False  # --draft none: ``draft`` is the target, never called
 
+    @property
+    def input_eos_id(self) -> int:
+        """The EOS id appended to each tokenized input (the settings' stop token, else
+        T5's)."""
+        return self.settings.eos_id if self.settings.eos_id is not None else text.EOS_ID
+
 
 def default_summary_path(output: str) -> str:
     """``<output>.summary.json``: where a job without ``summary_json`` writes its summary

@@ -34,7 +34,7 @@ def probe(job, rows: Sequence[dict], summary: dict[str, Any], engine=None) -> di
         return {"predicted_speedup": None, "prediction_error": "the target runs on a mesh"}
     ks, interpolated = probe_ks(rows)
     median = sorted(rows, key=lambda row: len(row["source"]))[len(rows) // 2]
-    eos_id = job.settings.eos_id if job.settings.eos_id is not None else text.EOS_ID
+    eos_id = job.input_eos_id
     encoded = text.encode(
         text.sentencepiece(job.vocab_path), job.kind.prefix, median["source"], eos_id
     )

@@ -152,7 +152,7 @@ def build_pipeline(
     Rows and dead letters go to part files in ``parts`` (default: the output's parts
     folder); :func:`run_job` assembles the output files from them.
     """
-    eos_id = job.settings.eos_id if job.settings.eos_id is not None else text.EOS_ID
+    eos_id = job.input_eos_id
     tokenized = (
         pipeline
         | "Read" >> beam.Create(list(records), reshuffle=False)

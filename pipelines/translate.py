@@ -345,7 +345,7 @@ def _encoder_lengths(records, job: JobConfig) -> list[int]:
     """The encoder tokens of each record the pipeline will decode, in order (as its
     Tokenize step counts them; dead letters and over-long records left out)."""
     processor = text.sentencepiece(job.vocab_path)
-    eos_id = job.settings.eos_id if job.settings.eos_id is not None else text.EOS_ID
+    eos_id = job.input_eos_id
     lengths = []
     for record in records:
         if not isinstance(record, record_io.DeadLetter):

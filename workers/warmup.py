@@ -136,8 +136,10 @@ class Warmup:
         needs it whether it speculates or not, so its wait is the engine's start)."""
         with self._cond:
             self._cond.wait_for(
-                lambda: self.programs_run + len(self.errors) >= 1 or self._idle() or self._stopped
-            )  # fmt: skip
+                lambda: (
+                    self.programs_run + len(self.errors) >= 1 or self._finished() or self._stopped
+                )
+            )
 
     def buy(self, shape: tuple) -> bool:
         """Queues ``shape``'s loop programs (``on_demand``), to compile after what is
@@ -157,8 +159,9 @@ class Warmup:
             self._cond.notify_all()
             return True
 
-    def _idle(self) -> bool:
-        return not self._queue and self._current is None
+    def _finished(self) -> bool:
+        """Nothing running, and nothing queued or stopped (under ``_cond``)."""
+        return self._current is None and (not self._queue or self._stopped)
 
     def _run(self) -> None:
         while True:
@@ -220,14 +223,12 @@ class Warmup:
         """Nothing running, and nothing queued or stopped (a later :meth:`buy` may queue
         more)."""
         with self._cond:
-            return self._current is None and (not self._queue or self._stopped)
+            return self._finished()
 
     def join(self, timeout: float | None = None) -> None:
         """Waits until :meth:`done`."""
         with self._cond:
-            self._cond.wait_for(
-                lambda: self._current is None and (not self._queue or self._stopped), timeout
-            )
+            self._cond.wait_for(self._finished, timeout)
 
     def report(self, *, stop: bool = False) -> dict:
         """What the warm-up did so far: programs run of those queued, its compiling and
