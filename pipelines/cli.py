@@ -86,6 +86,19 @@ def _gamma(text: str) -> int | str:
     return _ranged(int, "--gamma", low=0)(text)
 
 
+def _batch_size(text: str) -> int | str:
+    """``--batch-size``: ``auto`` or an integer >= 1."""
+    if text == "auto":
+        return text
+    try:
+        int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--batch-size must be auto or int, got {text!r}"
+        ) from None
+    return _ranged(int, "--batch-size", low=1)(text)
+
+
 def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
     """The flags of translate/summarize: the job CLI's contract."""
     add = parser.add_argument
@@ -130,11 +143,19 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
         help="invariant (default): every token is the target's own seeded sample at its "
         "position, so a seed fixes the outputs and they equal the target alone's at any "
         "temperature, whatever the draft, γ, --gamma auto's choices, batch, placement or "
-        "restarts; paper: the paper's accept/reject rule (a few more drafts accepted; at "
-        "T > 0 a seed fixes the outputs only at a fixed --gamma). At T = 0 both are greedy",
+        "restarts; paper: the paper's accept/reject rule (a few more drafts accepted; a "
+        "seed fixes the outputs too, but they are not the target alone's samples, and at "
+        "T > 0 the draft also proposes the position after its γ tokens). At T = 0 both "
+        "are greedy",
     )
     add("--seed", type=int, default=0, help="job seed (with the record id it fixes every draw)")
-    add("--batch-size", type=_ranged(int, "--batch-size", low=1), default=1)
+    add(
+        "--batch-size",
+        type=_batch_size,
+        default=1,
+        help="records per batch, or auto: the job times the target at batch 1, 4, 16 and "
+        "64 and takes the size that decodes its records soonest (for offline jobs)",
+    )
     add("--workers", choices=ENGINE_KINDS, default="ray")
     add("--compare-baseline", action="store_true", help="also decode with the target alone")
     add("--summary-json", default=None, help="write the summary here")

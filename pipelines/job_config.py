@@ -59,6 +59,7 @@ SUMMARIZE = JobKind(
 )
 KINDS = {kind.name: kind for kind in (TRANSLATE, SUMMARIZE)}
 NO_DRAFT = "none"  # --draft none: the target alone, with no draft model loaded
+BATCH_SIZE_AUTO = "auto"  # --batch-size auto: chosen by the job (pipelines.batch_choice)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -85,6 +86,9 @@ class JobConfig:
     # (workers.warmup); False: each when a batch first needs it, on the batch's path
     warmup: bool = True
     no_draft: bool = False  # --draft none: ``draft`` is the target, never called
+    # --batch-size auto: the job times the target and picks settings.batch_size before
+    # it decodes (pipelines.batch_choice); settings hold the candidate 1 until then
+    batch_size_auto: bool = False
 
     @property
     def input_eos_id(self) -> int:
@@ -112,7 +116,7 @@ def make_job(
     top_p: float = 1.0,
     sampling_rule: str = "invariant",
     seed: int = 0,
-    batch_size: int = 1,
+    batch_size: int | str = 1,
     max_new_tokens: int | None = None,
     max_input_tokens: int | None = None,
     compare_baseline: bool = False,
@@ -125,7 +129,8 @@ def make_job(
 
     ``engine`` (validated when it was built; default: on Ray, γ = DEFAULT_GAMMA) says how
     the job decodes: in-process or on Ray, and γ fixed or ``"auto"``: chosen per batch in
-    0..``gamma_max`` from the job's measurements (workers.gamma).
+    0..``gamma_max`` from the job's measurements (workers.gamma). ``batch_size`` is a
+    number or ``"auto"`` (chosen when the job runs: :mod:`pipelines.batch_choice`).
     ``target``/``draft`` default to the kind's embedded pair; ``options`` are the remaining
     JobConfig fields (limit, tracking_uri, summary_json, beam_args, ...).
     Raises ValueError (ModelResolutionError, ConfigError, ...) with a message for users.
@@ -134,6 +139,9 @@ def make_job(
     from specdec_core.sampling import SamplingConfig
 
     engine = engine or EngineConfig(gamma=DEFAULT_GAMMA)
+    batch_size_auto = batch_size == BATCH_SIZE_AUTO
+    if not batch_size_auto and not (isinstance(batch_size, int) and batch_size >= 1):
+        raise ValueError(f"batch_size must be >= 1 or {BATCH_SIZE_AUTO!r}, got {batch_size!r}")
     resolved = {
         "target": model_resolver.resolve_model(
             target or kind.default_target, role="target", allow_random_init=allow_random_init
@@ -171,7 +179,7 @@ def make_job(
         ),
         seed=seed,
         max_new_tokens=max_new_tokens or kind.max_new_tokens,
-        batch_size=batch_size,
+        batch_size=1 if batch_size_auto else batch_size,
     )
     output = _absolute(output)
     return JobConfig(
@@ -187,6 +195,7 @@ def make_job(
         compare_baseline=compare_baseline,
         max_input_tokens=max_input_tokens or kind.max_input_tokens,
         no_draft=no_draft,
+        batch_size_auto=batch_size_auto,
         **options,
     )
 

@@ -246,7 +246,7 @@ def job_params(job: JobConfig) -> dict[str, Any]:
         "top_p": sampling.top_p,
         "sampling_rule": sampling.rule,
         "seed": job.settings.seed,
-        "batch_size": job.settings.batch_size,
+        "batch_size": "auto" if job.batch_size_auto else job.settings.batch_size,
         "max_new_tokens": job.settings.max_new_tokens,
         "max_input_tokens": job.max_input_tokens,
         "compare_baseline": job.compare_baseline,
@@ -322,6 +322,8 @@ def _numeric_metrics(summary: dict[str, Any], traffic: dict | None) -> dict[str,
     metrics = {k: float(summary[k]) for k in keys if summary.get(k) is not None}
     if summary.get("identical_to_baseline") is not None:
         metrics["identical_to_baseline"] = float(summary["identical_to_baseline"])
+    if choice := summary.get("batch_choice"):  # --batch-size auto
+        metrics["batch_size_chosen"] = float(choice["batch_size"])
     if traffic:
         metrics["bytes_per_iteration"] = float(traffic["bytes_per_iteration"])
     if early := summary.get("early_blocks"):  # --pipelined: the share of early blocks kept

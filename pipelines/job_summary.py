@@ -44,6 +44,9 @@ class JobSummary:
     # spent compiling, off both paths' times, and programs warmed (None: no warm-up)
     warmup_compile_s: float | None = None
     warmup_programs: int | None = None
+    # --batch-size auto: the size chosen and the figures behind it
+    # (pipelines.batch_choice.BatchChoice.to_dict); None for a given size
+    batch_choice: dict[str, Any] | None = None
     tokens_per_s: float | None
     baseline_tokens_per_s: float | None
     identical_to_baseline: bool | None  # None where the rule does not promise it

@@ -40,6 +40,13 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _batch(job: JobConfig, summary: JobSummary) -> str:
+    """The batch size, and where the job chose it (``--batch-size auto``) that it did."""
+    if summary.batch_choice is None:
+        return str(job.settings.batch_size)
+    return f"auto ({summary.batch_choice['batch_size']})"
+
+
 def format_summary(job: JobConfig, summary: JobSummary) -> str:
     """The human-readable table printed at the end of a job."""
     sampling = job.settings.sampling
@@ -49,7 +56,7 @@ def format_summary(job: JobConfig, summary: JobSummary) -> str:
             "decoding",
             f"γ={f'auto (0..{job.settings.gamma})' if job.engine.adaptive else job.engine.gamma}"
             f" T={sampling.temperature} top-k={sampling.top_k} "
-            f"top-p={sampling.top_p} sampling={sampling.rule} batch={job.settings.batch_size} "
+            f"top-p={sampling.top_p} sampling={sampling.rule} batch={_batch(job, summary)} "
             f"workers={job.engine.kind}",
         ),
         (

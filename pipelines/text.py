@@ -10,7 +10,8 @@
   defined in :mod:`specdec_core.models.t5` and re-exported here.
 - Length buckets: prompt and encoder widths pad to multiples of :data:`LENGTH_BUCKET`
   (:func:`padded_length`), so a job compiles a handful of shapes. :mod:`workers.batching`
-  pads, so it defines them; re-exported here.
+  pads, so it defines them; re-exported here. The pipeline batches records of one
+  :func:`length_bucket` together.
 """
 
 from __future__ import annotations
@@ -32,10 +33,18 @@ __all__ = [
     "TRANSLATE_PREFIX",
     "decode",
     "encode",
+    "length_bucket",
     "padded_length",
     "sentencepiece",
     "strip_task_prefix",
 ]
+
+
+def length_bucket(encoder_tokens: int) -> int:
+    """The bucket of a record with ``encoder_tokens`` input tokens: records of one bucket
+    pad to the same encoder width, and the pipeline batches them together."""
+    return -(-encoder_tokens // LENGTH_BUCKET)
+
 
 TRANSLATE_PREFIX = "translate English to German: "
 SUMMARIZE_PREFIX = "summarize: "

@@ -60,7 +60,7 @@ class TokenizeFn(_VocabFn):
 
 def length_bucket(item: Tokenized) -> int:
     """Records of one bucket pad to the same encoder width."""
-    return -(-len(item.encoder_tokens) // text.LENGTH_BUCKET)
+    return text.length_bucket(len(item.encoder_tokens))
 
 
 # ------------------------------------------------------------------------ formatting

@@ -43,7 +43,15 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from pipelines import job_prediction, job_report, part_files, previous_run, record_io, text
+from pipelines import (
+    batch_choice,
+    job_prediction,
+    job_report,
+    part_files,
+    previous_run,
+    record_io,
+    text,
+)
 from pipelines.job_config import JobConfig, default_summary_path
 from pipelines.job_summary import JobSummary
 from workers.background import Background
@@ -96,6 +104,13 @@ def run_job(job: JobConfig) -> JobSummary:
 
     # imports, parsing, models resolved, input read
     phases = {"startup": time.time() - process_started_at()}
+    # the records' encoder tokens: the warm-up's shapes and --batch-size auto's plan
+    encoded = _encoded(todo, job) if todo and (job.warmup or job.batch_size_auto) else []
+    choice = None
+    if job.batch_size_auto and encoded:  # while Ray starts
+        start = time.perf_counter()
+        job, choice = batch_choice.resolve(job, encoded)
+        phases["batch_choice"] = time.perf_counter() - start
     if ray_start is not None:
         start = time.perf_counter()
         ray_start.wait()
@@ -120,7 +135,12 @@ def run_job(job: JobConfig) -> JobSummary:
         job_id = run.run_id or uuid.uuid4().hex
         pipeline_start = time.perf_counter()
         stack.callback(close_engines, job_id)  # on failure; after the cost probe otherwise
-        engines = _run_pipeline(todo, job=job, job_id=job_id, parts=parts) if todo else None
+        lengths = [len(tokens) for tokens in encoded] if job.warmup else []
+        engines = (
+            _run_pipeline(todo, job=job, job_id=job_id, parts=parts, encoder_lengths=lengths)
+            if todo
+            else None
+        )
         in_pipeline = time.perf_counter() - pipeline_start
         traffic = engines.traffic if engines else None
         phases |= engines.phases if engines else {}
@@ -165,6 +185,7 @@ def run_job(job: JobConfig) -> JobSummary:
         )
         summary |= {
             "records_resumed": len(done),
+            "batch_choice": choice.to_dict() if choice is not None else None,
             "job_s": time.perf_counter() - started,
             "time_breakdown": phases,
             # --gamma auto's prior: the draft config's, updated by an earlier run's figures
@@ -314,9 +335,12 @@ def resume_settings(job: JobConfig) -> dict[str, Any]:
     return params | {"output": job.output, "dead_letter": job.dead_letter}
 
 
-def _run_pipeline(records, *, job: JobConfig, job_id: str, parts: str) -> EngineMetrics:
+def _run_pipeline(
+    records, *, job: JobConfig, job_id: str, parts: str, encoder_lengths: list[int]
+) -> EngineMetrics:
     """Runs the pipeline and returns what its engines reported; a failure raises
-    record_io.JobFailed. The engines built in this process stay open (the job's cost
+    record_io.JobFailed. ``encoder_lengths``: the records' encoder tokens, for the
+    engine's warm-up (none: no warm-up). The engines built in this process stay open (the job's cost
     probe times their models): the caller closes them (``close_engines``), on failure too."""
     from pipelines.inference import SpeculativeModelHandler, read_metrics
     from pipelines.transforms import run_pipeline
@@ -330,7 +354,7 @@ def _run_pipeline(records, *, job: JobConfig, job_id: str, parts: str) -> Engine
         job_id=job_id,
         total_records=len(records),
         progress=job.progress,
-        encoder_lengths=_encoder_lengths(records, job) if job.warmup else (),
+        encoder_lengths=encoder_lengths,
     )
     try:
         return read_metrics(run_pipeline(records, job=job, handler=handler, parts=parts))
@@ -341,18 +365,18 @@ def _run_pipeline(records, *, job: JobConfig, job_id: str, parts: str) -> Engine
         ) from error
 
 
-def _encoder_lengths(records, job: JobConfig) -> list[int]:
+def _encoded(records, job: JobConfig) -> list[tuple[int, ...]]:
     """The encoder tokens of each record the pipeline will decode, in order (as its
-    Tokenize step counts them; dead letters and over-long records left out)."""
+    Tokenize step makes them; dead letters and over-long records left out)."""
     processor = text.sentencepiece(job.vocab_path)
     eos_id = job.input_eos_id
-    lengths = []
+    encoded = []
     for record in records:
         if not isinstance(record, record_io.DeadLetter):
-            n = len(text.encode(processor, job.kind.prefix, record.source, eos_id))
-            if n <= job.max_input_tokens:
-                lengths.append(n)
-    return lengths
+            tokens = text.encode(processor, job.kind.prefix, record.source, eos_id)
+            if len(tokens) <= job.max_input_tokens:
+                encoded.append(tokens)
+    return encoded
 
 
 def _joinable(engine: EngineConfig) -> EngineConfig:
