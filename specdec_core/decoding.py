@@ -92,6 +92,9 @@ class DecodeResult:
     # wall seconds of the call spent compiling its programs (costs.compile_clock), NaN
     # where not measured: the engine that ran the call fills it in
     compile_s: float = float("nan")
+    # the engine's background compiling ran beside the call, sharing its cores: its
+    # seconds are not the batch's alone (workers.step_times)
+    contended: bool = False
 
     def row_tokens(self, row: int) -> list[int]:
         return self.tokens[row, : self.lengths[row]].tolist()

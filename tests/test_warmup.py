@@ -5,6 +5,7 @@ a failure costs nothing but the warm-up; the engines give the same tokens with i
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 
 from specdec_core import decoding
 from specdec_core.models import bound, registry
+from tests.test_gamma_auto import _stub_result as stub_result
 from workers import warmup
 from workers.batching import DecodeSettings, Request, pack
 from workers.engine import InProcessEngine, decode_baseline, decode_speculative
@@ -224,3 +226,110 @@ def test_an_engine_at_a_fixed_gamma_warms_its_loops_at_once(models):
     assert all(g.batch_compile_ms == 0.0 for g in generations)
     alone = [g for requests in _batches(lengths, 1) for g in engine.generate_baseline(requests)]
     assert [g.tokens for g in generations] == [g.tokens for g in alone]
+
+
+def test_an_engine_marks_the_batches_its_warmup_compiled_beside():
+    gate, started = threading.Event(), threading.Event()
+
+    def slow():
+        started.set()
+        gate.wait(30)
+        return stub_result(0.1, compile_s=0.5)
+
+    warm = warmup.Warmup([warmup.Program(key=("k",), shape=("s",), loop=False, run=slow)])
+    assert started.wait(30)
+    assert warmup.beside(warm, lambda: stub_result(0.2)).contended  # compiling now
+    mark = warm.mark()
+    gate.set()
+    warm.join(30)
+    assert warm.overlapped(mark)  # a program ended since the mark
+    assert not warmup.beside(warm, lambda: stub_result(0.2)).contended  # idle
+    assert not warmup.beside(None, lambda: stub_result(0.2)).contended
+
+
+def _loop_batch(width: int):
+    settings = DecodeSettings(gamma=2, max_new_tokens=8, batch_size=1)
+    return pack([Request(id="r", prompt_tokens=(0,), encoder_tokens=(5,) * width)], settings)
+
+
+def test_a_shape_runs_the_target_alone_until_it_has_forgone_its_loops_compiling():
+    """Compiling bought like skis: a shape without a speculative loop runs at γ = 0, each
+    batch adding what speculation would have saved on it, until that reaches the loop's
+    compile cost; then its loop is compiled. Another shape starts again from nothing."""
+    prior = GammaPrior(alpha=0.9, draft_c=0.05, target_slope=0.0, loop_compile_s=1.0)
+    policy = AdaptiveGamma(2, prior=prior)
+    assert policy.choose() >= 1  # the draft pays, compiling aside
+    short, other = _loop_batch(10), _loop_batch(100)
+    gammas = []
+
+    def speculative(gamma):
+        gammas.append(gamma)
+        return stub_result(0.3, compile_s=0.5 if len(gammas) == 1 else 0.0, gamma=gamma)
+
+    def baseline():
+        return stub_result(0.4, compile_s=0.0)
+
+    savings = []  # the optimistic estimates, which the forgone seconds add up
+    saving = policy._saving
+
+    def recorded(rows, optimistic=True):
+        share = saving(rows, optimistic)
+        if optimistic:
+            savings.append(share)
+        return share
+
+    policy._saving = recorded
+    chosen = [policy.decode(short, speculative, baseline)[1] for _ in range(40)]
+    paid = chosen.index(next(g for g in chosen if g >= 1))
+    assert paid >= 2 and len(savings) == paid and all(0 < s < 1 for s in savings)
+    # the first batch at γ ≥ 1 is the one after the forgone seconds reached 1 s
+    forgone = np.cumsum([0.4 * s for s in savings])
+    assert forgone[-1] >= 1.0 > forgone[-2]
+    assert all(g == 0 for g in chosen[:paid]) and all(g >= 1 for g in chosen[paid:])
+    assert policy._loop_compiles == [0.5]  # measured: the next shape weighs 0.5 s
+    first_other = [policy.decode(other, speculative, baseline)[1] for _ in range(3)]
+    assert first_other[0] == 0
+
+
+def test_a_draft_that_cannot_pay_forgoes_nothing_and_a_free_compile_speculates_at_once():
+    free = AdaptiveGamma(2, prior=GammaPrior(alpha=0.9, draft_c=0.05, loop_compile_s=0.0))
+    assert free.choose(shape=_loop_batch(10).program_shape()) >= 1
+    hopeless = AdaptiveGamma(2, prior=GammaPrior(alpha=0.0, draft_c=1.0), explore_tests=0)
+    shape = _loop_batch(10).program_shape()
+    for _ in range(20):
+        _, gamma, _ = hopeless.decode(
+            _loop_batch(10), lambda g: stub_result(0.3, gamma=g), lambda: stub_result(0.4)
+        )
+        assert gamma == 0
+    assert hopeless._forgone[shape] == 0.0
+
+
+def test_a_short_job_never_buys_a_loop_it_cannot_earn_back():
+    """With the job's batch count known, a loop is bought only while the batches left,
+    each saving what the last γ = 0 batch would have, could pay its compiling."""
+    prior = GammaPrior(alpha=0.9, draft_c=0.05, target_slope=0.0, loop_compile_s=1.0)
+
+    def chosen(batches):
+        policy = AdaptiveGamma(2, prior=prior, batches=batches)
+        return [
+            policy.decode(
+                _loop_batch(10),
+                lambda g: stub_result(0.3, compile_s=0.0, gamma=g),
+                lambda: stub_result(0.4, compile_s=0.0),
+            )[1]
+            for _ in range(batches)
+        ]
+
+    long_job, short_job = chosen(60), chosen(6)
+    assert any(g >= 1 for g in long_job) and long_job[0] == 0
+    assert short_job == [0] * 6  # forgone 1 s after 5 batches, one left
+
+
+def test_the_warmup_compiles_at_the_lowest_cpu_priority():
+    def nice():
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    seen, before = [], nice()
+    program = warmup.Program(key=("k",), shape=("s",), loop=False, run=lambda: seen.append(nice()))
+    warmup.Warmup([program]).join(30)
+    assert seen == [19] and nice() == before  # its own thread's, not the caller's

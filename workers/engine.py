@@ -322,7 +322,9 @@ class InProcessEngine:
             result, _, seconds = self.gamma_policy.decode(
                 batch,
                 lambda gamma: self._speculative(batch, gamma),
-                lambda: decode_baseline(self.target, batch, self.settings),
+                lambda: warmup.beside(
+                    self.warmup, lambda: decode_baseline(self.target, batch, self.settings)
+                ),
             )
             return unpack(batch, result, wall_ms=1e3 * seconds)
         start = time.perf_counter()
@@ -334,14 +336,22 @@ class InProcessEngine:
     def _speculative(self, batch: PackedBatch, gamma: int) -> decoding.DecodeResult:
         self._settle(batch, loop=True)
         settings = at_gamma(self.settings, gamma, rows=batch.prompt_tokens.shape[0])
-        return decode_speculative(self.target, self.draft, batch, settings, compiled=self.compiled)
+        return warmup.beside(
+            self.warmup,
+            lambda: decode_speculative(
+                self.target, self.draft, batch, settings, compiled=self.compiled
+            ),
+        )
 
     def generate_baseline(self, requests: Sequence[Request]) -> list[Generation]:
         batch = pack(requests, self.settings)
         self._settle(batch, loop=False)
         if self.gamma_policy is not None:  # its time per step is the γ = 0 cost
             result, seconds = self.gamma_policy.decode_baseline(
-                batch, lambda: decode_baseline(self.target, batch, self.settings)
+                batch,
+                lambda: warmup.beside(
+                    self.warmup, lambda: decode_baseline(self.target, batch, self.settings)
+                ),
             )
             return unpack(batch, result, wall_ms=1e3 * seconds)
         start = time.perf_counter()

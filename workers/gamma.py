@@ -6,11 +6,9 @@ loop step from per-position acceptance β_i (:func:`theory.position_acceptance`)
 the step's cost (:func:`theory.iteration_costs`), relative to the target decoding
 alone (γ = 0). After each batch the engine reports what it measured
 (:meth:`AdaptiveGamma.observe`): acceptance counts per position, and seconds per
-loop step of the batch: its decode loop's seconds where the engine times the loop apart
-(``DecodeResult.loop_s``), else its wall seconds, over its loop steps. A batch's encoder
-and prefill cost the same at any γ, so γ that minimises the loop's seconds per token
-maximises the batch's tokens per second; per step they only blurred the comparison
-(a γ with fewer steps carried a larger share of them).
+loop step: its decode loop's (``DecodeResult.loop_s``; the encoder and prefill cost the
+same at any γ) else its wall seconds, over its loop steps. A batch that the job's
+warm-up compiled beside counts only for a γ timed no other way (:mod:`workers.step_times`).
 
 γ = 0 runs the target alone for that batch: the same tokens as the baseline (the
 baseline is the target). Under the paper's rule at a temperature above 0 the target alone
@@ -76,6 +74,7 @@ from specdec_core.decoding import DecodeResult, measured_compile_s, measured_loo
 from workers.batching import DecodeSettings, PackedBatch
 from workers.gamma_prior import MAX_SLOPE as MAX_SLOPE
 from workers.gamma_prior import GammaPrior
+from workers.step_times import StepTimes
 
 DEFAULT_GAMMA_MAX = 4
 EXPLORE_Z = 1.0  # standard errors above position 1's rate for "γ = 1 may still pay"
@@ -128,8 +127,8 @@ class AdaptiveGamma:
         self.speculative_zero = speculative_zero
         self._tests = np.zeros(gamma_max)
         self._passes = np.zeros(gamma_max)
-        # γ -> (seconds, loop steps) summed over the batches timed at that γ.
-        self._time: dict[int, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+        # seconds and loop steps summed per γ, with and without the warm-up beside them
+        self._time = StepTimes()
         self._draft_c: list[float] = []  # draft step / target step, where the split is known
         self.history: list[int] = []  # γ of every batch decoded, in order
         self._zeros_in_a_row = 0
@@ -214,7 +213,7 @@ class AdaptiveGamma:
             return self._fitted_c(self.prior.slope_at(rows))
 
     def _fitted_c(self, slope: float) -> float | None:
-        seconds, steps = self._time.get(0, (0.0, 0))
+        seconds, steps = self._time.get(0)
         if steps <= 0 or seconds <= 0:
             return None
         zero = seconds / steps
@@ -251,6 +250,8 @@ class AdaptiveGamma:
         if best == 0 and self._exploring() and self._may_pay(self._explore_costs(rows)):
             return 1
         if best >= 1 and len(self.history) % self.explore_every == self.explore_every - 1:
+            if self._time.contended_only(0):  # the target alone, timed beside no compiling
+                return 0
             neighbour = self._untimed_neighbour(best, theory.gamma_improvements(betas, costs))
             if neighbour is not None:
                 return neighbour
@@ -316,7 +317,7 @@ class AdaptiveGamma:
         for gamma, margin in candidates:
             if (
                 1 <= gamma <= self.gamma_max
-                and self._time.get(gamma, (0.0, 0))[1] < NEIGHBOUR_STEPS
+                and self._time.clean_steps(gamma) < NEIGHBOUR_STEPS
                 and gains[gamma] >= (1.0 - margin) * gains[best]
             ):
                 return gamma
@@ -357,11 +358,13 @@ class AdaptiveGamma:
         accepted_by_position=None,
         iterations=None,
         draft_s: float | None = None,
+        contended: bool = False,
     ) -> None:
         """What one batch measured: its γ; ``seconds`` of wall time over ``steps`` loop
         steps (None: not to be used, e.g. it included compilation); for γ ≥ 1 the
         accepted count at each draft position and the iterations (summed over rows or
-        per row); ``draft_s`` seconds in draft calls where the engine splits them."""
+        per row); ``draft_s`` seconds in draft calls where the engine splits them;
+        ``contended``: the warm-up compiled beside it (:mod:`workers.step_times`)."""
         if not 0 <= gamma <= self.gamma_max:
             raise ValueError(f"gamma must be in [0, {self.gamma_max}], got {gamma}")
         with self._lock:
@@ -375,16 +378,9 @@ class AdaptiveGamma:
                 self._passes[:gamma] += passes
             if seconds is None or steps <= 0 or not math.isfinite(seconds):
                 return
-            self._time[gamma][0] += seconds
-            self._time[gamma][1] += steps
+            self._time.add(gamma, seconds, steps, contended=contended)
             target_step = self._time.get(0)
-            if (
-                gamma >= 1
-                and draft_s is not None
-                and math.isfinite(draft_s)
-                and target_step is not None
-                and target_step[1] > 0
-            ):
+            if gamma >= 1 and draft_s is not None and math.isfinite(draft_s) and target_step[1] > 0:
                 step = target_step[0] / target_step[1]
                 self._draft_c.append(draft_s / (steps * gamma) / step)
 
@@ -419,6 +415,7 @@ class AdaptiveGamma:
             accepted_by_position=result.accepted_by_position if gamma else None,
             iterations=result.iterations,
             draft_s=result.draft_s,
+            contended=_beside(result),
         )
         return result, gamma, seconds
 
@@ -445,8 +442,8 @@ class AdaptiveGamma:
         result, seconds, compiled = self._timed(batch, 0, baseline)
         if not compiled:
             with self._lock:
-                self._time[0][0] += _loop_seconds(result, seconds)
-                self._time[0][1] += int(np.max(result.iterations))
+                steps = int(np.max(result.iterations))
+                self._time.add(0, _loop_seconds(result, seconds), steps, contended=_beside(result))
         return result, seconds
 
     def _timed(self, batch: PackedBatch, gamma: int, run):
@@ -463,6 +460,10 @@ class AdaptiveGamma:
         seconds = time.perf_counter() - start
         compile_s = measured_compile_s(result)
         return result, seconds, new and (compile_s is None or compile_s > 0)
+
+
+def _beside(result: DecodeResult) -> bool:
+    return bool(getattr(result, "contended", False))  # the warm-up compiled beside it
 
 
 def _loop_seconds(result: DecodeResult, wall_s: float) -> float:

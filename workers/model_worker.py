@@ -45,6 +45,7 @@ from specdec_core.sampling import SamplingConfig
 from workers import recovery, wire
 from workers.batching import DecodeSettings
 from workers.spec import ModelSpec
+from workers.warmup import beside
 
 WIRE_METHODS = ("propose_first", "score", "recover_and_propose", "propose_ahead", "settle")
 
@@ -333,7 +334,12 @@ class ModelWorker(recovery.Restartable):
 
         self._step()  # (kill_after: a test's fault)
         self.host_draft(spec)
-        return decode_speculative(self.model, self._draft.model, batch, settings, compiled=True)
+        return beside(
+            self._warmup,
+            lambda: decode_speculative(
+                self.model, self._draft.model, batch, settings, compiled=True
+            ),
+        )
 
     def warm(
         self,
@@ -386,7 +392,7 @@ class ModelWorker(recovery.Restartable):
         """Target-only decoding of a packed batch, for the baseline of a job."""
         from workers.engine import decode_baseline
 
-        return decode_baseline(self.model, batch, settings)
+        return beside(self._warmup, lambda: decode_baseline(self.model, batch, settings))
 
     def release(self, batch_id: str) -> None:
         for held in (self._caches, self._proposals, self._early):

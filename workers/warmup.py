@@ -17,17 +17,23 @@ being warmed waits for the program in flight rather than compile it a second tim
 (:meth:`Warmup.settle`), and a bought shape runs at γ = 0 until its loop is warm
 (:meth:`Warmup.loop_ready`). Where the warm-up fails, the batch compiles on its own path
 as it would have without one. Its compiling is not a batch's: the job reports it apart.
+
+The warm-up's thread runs at the lowest CPU priority, so it compiles on the cores the
+batches leave idle. A batch it ran beside is marked (:func:`beside`,
+``DecodeResult.contended``): ``--gamma auto`` prices a γ from such a batch only where it
+has no other (:mod:`workers.step_times`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from specdec_core.decoding import measured_compile_s
+from specdec_core.decoding import DecodeResult, measured_compile_s
 from workers.batching import LENGTH_BUCKET, DecodeSettings, PackedBatch, Request, padded_length
 from workers.gamma import SHARED_SLOTS_MAX_ROWS, AdaptiveGamma, at_gamma
 
@@ -102,6 +108,24 @@ def programs(
     return alone, by_shape
 
 
+def beside(warm: Warmup | None, run: Callable[[], DecodeResult]) -> DecodeResult:
+    """``run()``'s result, marked ``contended`` where ``warm`` ran a program beside it."""
+    if warm is None:
+        return run()
+    mark = warm.mark()
+    result = run()
+    return result.replace(contended=True) if warm.overlapped(mark) else result
+
+
+def _yield_cores() -> None:
+    """Gives this thread the lowest CPU priority (Linux: a thread's own nice value), so
+    that compiling ahead takes the cores the batches leave idle rather than theirs."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):  # not Linux, or not allowed: compile beside them
+        pass
+
+
 class Warmup:
     """Runs :class:`Program` s in a daemon thread, in order; thread-safe.
 
@@ -130,6 +154,19 @@ class Warmup:
         self._stopped = False
         self._thread = threading.Thread(target=self._run, name="warmup", daemon=True)
         self._thread.start()
+
+    def mark(self) -> tuple[int, bool]:
+        """Where the warm-up is now, for :meth:`overlapped`."""
+        with self._cond:
+            return self.programs_run + len(self.errors), self._current is not None
+
+    def overlapped(self, mark: tuple[int, bool]) -> bool:
+        """Whether a program ran since ``mark`` (:meth:`mark`), in part or whole."""
+        with self._cond:
+            count, busy = mark
+            return (
+                busy or self._current is not None or self.programs_run + len(self.errors) != count
+            )
 
     def first(self) -> None:
         """Waits for the first program (the first batch's target-alone program: a job
@@ -164,6 +201,7 @@ class Warmup:
         return self._current is None and (not self._queue or self._stopped)
 
     def _run(self) -> None:
+        _yield_cores()
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._queue or self._stopped)
