@@ -19,12 +19,13 @@ Per batch size the table gives, medians over the rounds:
   target alone's (T = 0).
 
 The last line names the fastest job for an offline user: the (mode, batch size) with
-the most tokens per second of process wall time.
+the most tokens per second of process wall time. A batch size of ``auto`` runs the jobs
+with ``--batch-size auto`` (the table shows the size each chose).
 
 Usage (BENCHMARKS.md, "The whole job", gives the command run)::
 
     .venv/bin/python benchmarks/bench_whole_jobs.py [--per-source 150]
-        [--sources ding,catalogs,lohelp,mozilla] [--batch-sizes 1,4,16,64]
+        [--sources ding,catalogs,lohelp,mozilla] [--batch-sizes 1,4,16,64,auto]
         [--modes auto,auto+cold,DRAFT:auto] [--draft ende_draft_debian_seq2] [--rounds 2]
         [--json runs/bench/whole_jobs.json]
 """
@@ -62,7 +63,7 @@ def write_input(path: pathlib.Path, sources: list[str], per_source: int) -> int:
 def run_job(
     input_tsv: pathlib.Path,
     gamma: str,
-    batch: int,
+    batch: str,
     folder: pathlib.Path,
     draft: str = "ende_draft_debian_seq2",
     warmup: bool = True,
@@ -94,6 +95,7 @@ def run_job(
         "warmup_compile_s": summary.get("warmup_compile_s"),
         "tokens": summary["tokens"],
         "gamma_histogram": summary.get("gamma_histogram"),
+        "batch_chosen": (summary.get("batch_choice") or {}).get("batch_size"),
         "bleu": summary.get("bleu"),
         "outputs": {row["id"]: row["output_ids"] for row in rows},
     }
@@ -114,7 +116,7 @@ def _median(runs: list[dict], key: str) -> float:
     return statistics.median(run[key] for run in runs)
 
 
-def table(results: dict, modes: list[str], batch_sizes: list[int], records: int) -> str:
+def table(results: dict, modes: list[str], batch_sizes: list[str], records: int) -> str:
     lines = [
         "| batch | job | process s | decode phase s | of which compiling | "
         "target alone / this: process | decode phase | tokens/s (decode phase) | "
@@ -133,8 +135,10 @@ def table(results: dict, modes: list[str], batch_sizes: list[int], records: int)
                 best = (throughput, mode, batch)
             same = all(run["outputs"] == alone[0]["outputs"] for run in runs)
             histogram = runs[-1]["gamma_histogram"] or {}
+            chosen = sorted({run["batch_chosen"] for run in runs if run.get("batch_chosen")})
+            shown = f"{batch} ({', '.join(map(str, chosen))})" if chosen else batch
             lines.append(
-                f"| {batch} | γ={mode} | {process:.1f} | {decode:.1f} | "
+                f"| {shown} | γ={mode} | {process:.1f} | {decode:.1f} | "
                 f"{_median(runs, 'compile_s'):.1f} | "
                 f"{_median(alone, 'process_s') / process:.3f} | "
                 f"{_median(alone, 'decode_s') / decode:.3f} | {rate:.0f} | "
@@ -164,7 +168,10 @@ def main(argv=None) -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", default=None, help="write every run's figures here")
     args = parser.parse_args(argv)
-    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    batch_sizes = args.batch_sizes.split(",")
+    for b in batch_sizes:
+        if b != "auto" and not (b.isdigit() and int(b) >= 1):
+            parser.error(f"--batch-sizes takes sizes >= 1 and auto, got {b!r}")
     modes = [m for m in args.modes.split(",") if m and m != "0"]
     results: dict[tuple[int, str], list[dict]] = {
         (b, m): [] for b in batch_sizes for m in ["0", *modes]
