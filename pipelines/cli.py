@@ -75,28 +75,19 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 SAMPLING_RULES = ("paper", "invariant")
 
 
-def _gamma(text: str) -> int | str:
-    """``--gamma``: ``auto`` or an integer >= 0 (0: the target alone)."""
-    if text == "auto":
-        return text
-    try:
-        int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--gamma must be auto or int, got {text!r}") from None
-    return _ranged(int, "--gamma", low=0)(text)
+def _int_or_auto(flag: str, low: int):
+    """An argparse type for ``flag``: ``auto`` or an integer >= ``low``."""
 
+    def parse(text: str) -> int | str:
+        if text == "auto":
+            return text
+        try:
+            int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} must be auto or int, got {text!r}") from None
+        return _ranged(int, flag, low=low)(text)
 
-def _batch_size(text: str) -> int | str:
-    """``--batch-size``: ``auto`` or an integer >= 1."""
-    if text == "auto":
-        return text
-    try:
-        int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"--batch-size must be auto or int, got {text!r}"
-        ) from None
-    return _ranged(int, "--batch-size", low=1)(text)
+    return parse
 
 
 def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
@@ -119,7 +110,7 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
     )
     add(
         "--gamma",
-        type=_gamma,
+        type=_int_or_auto("--gamma", low=0),  # 0: the target alone
         default=None,
         help="drafted tokens per iteration, or auto: chosen per batch in 0..--gamma-max "
         "(0 = the target alone) from what the job measures, acceptance by position and "
@@ -151,7 +142,7 @@ def _add_job_arguments(parser: argparse.ArgumentParser, kind) -> None:
     add("--seed", type=int, default=0, help="job seed (with the record id it fixes every draw)")
     add(
         "--batch-size",
-        type=_batch_size,
+        type=_int_or_auto("--batch-size", low=1),
         default=1,
         help="records per batch, or auto: the job times the target at batch 1, 4, 16 and "
         "64 and takes the size that decodes its records soonest (for offline jobs)",
