@@ -18,6 +18,7 @@ from tests.stub_models import bound as bind_table
 from workers.batching import DecodeSettings, Request, pack
 from workers.engine import InProcessEngine
 from workers.gamma import MAX_SLOPE, AdaptiveGamma, GammaPrior
+from workers.gamma import STALE_BATCHES as STALE
 from workers.spec import ModelSpec
 from workers.step_times import StepTimes
 
@@ -792,20 +793,112 @@ def test_a_new_program_that_compiled_nothing_is_timed():
     assert policy._time.get(0) == (0.4, 8)
 
 
+def _loop_batch(width: int):
+    settings = DecodeSettings(gamma=2, max_new_tokens=8, batch_size=1)
+    return pack([Request(id="r", prompt_tokens=(0,), encoder_tokens=(5,) * width)], settings)
+
+
+def test_a_shape_runs_the_target_alone_until_it_has_forgone_its_loops_compiling():
+    """Compiling bought like skis: a shape without a speculative loop runs at γ = 0, each
+    batch adding what speculation would have saved on it, until that reaches the loop's
+    compile cost; then its loop is compiled. Another shape starts again from nothing."""
+    prior = GammaPrior(alpha=0.9, draft_c=0.05, target_slope=0.0, loop_compile_s=1.0)
+    policy = AdaptiveGamma(2, prior=prior)
+    assert policy.choose() >= 1  # the draft pays, compiling aside
+    short, other = _loop_batch(10), _loop_batch(100)
+    gammas = []
+
+    def speculative(gamma):
+        gammas.append(gamma)
+        return _stub_result(0.3, compile_s=0.5 if len(gammas) == 1 else 0.0, gamma=gamma)
+
+    def baseline():
+        return _stub_result(0.4, compile_s=0.0)
+
+    savings = []  # the optimistic estimates, which the forgone seconds add up
+    saving = policy._saving
+
+    def recorded(rows, optimistic=True):
+        share = saving(rows, optimistic)
+        if optimistic:
+            savings.append(share)
+        return share
+
+    policy._saving = recorded
+    chosen = [policy.decode(short, speculative, baseline)[1] for _ in range(40)]
+    paid = chosen.index(next(g for g in chosen if g >= 1))
+    assert paid >= 2 and len(savings) == paid and all(0 < s < 1 for s in savings)
+    # the first batch at γ ≥ 1 is the one after the forgone seconds reached 1 s
+    forgone = np.cumsum([0.4 * s for s in savings])
+    assert forgone[-1] >= 1.0 > forgone[-2]
+    later = chosen[paid:]  # speculation, but for the target alone timed afresh now and then
+    assert all(g == 0 for g in chosen[:paid]) and all(g >= 1 for g in later[: STALE - 1])
+    assert 1 <= sum(g == 0 for g in later) <= 1 + len(later) // STALE
+    assert policy._loop_compiles == [0.5]  # measured: the next shape weighs 0.5 s
+    first_other = [policy.decode(other, speculative, baseline)[1] for _ in range(3)]
+    assert first_other[0] == 0
+
+
+def test_a_draft_that_cannot_pay_forgoes_nothing_and_a_free_compile_speculates_at_once():
+    free = AdaptiveGamma(2, prior=GammaPrior(alpha=0.9, draft_c=0.05, loop_compile_s=0.0))
+    assert free.choose(shape=_loop_batch(10).program_shape()) >= 1
+    hopeless = AdaptiveGamma(2, prior=GammaPrior(alpha=0.0, draft_c=1.0), explore_tests=0)
+    shape = _loop_batch(10).program_shape()
+    for _ in range(20):
+        _, gamma, _ = hopeless.decode(
+            _loop_batch(10), lambda g: _stub_result(0.3, gamma=g), lambda: _stub_result(0.4)
+        )
+        assert gamma == 0
+    assert hopeless._forgone[shape] == 0.0
+
+
+def test_a_short_job_never_buys_a_loop_it_cannot_earn_back():
+    """With the job's batch count known, a loop is bought only while the batches left,
+    each saving what the last γ = 0 batch would have, could pay its compiling."""
+    prior = GammaPrior(alpha=0.9, draft_c=0.05, target_slope=0.0, loop_compile_s=1.0)
+
+    def chosen(batches):
+        policy = AdaptiveGamma(2, prior=prior, batches=batches)
+        return [
+            policy.decode(
+                _loop_batch(10),
+                lambda g: _stub_result(0.3, compile_s=0.0, gamma=g),
+                lambda: _stub_result(0.4, compile_s=0.0),
+            )[1]
+            for _ in range(batches)
+        ]
+
+    long_job, short_job = chosen(60), chosen(6)
+    assert any(g >= 1 for g in long_job) and long_job[0] == 0
+    assert short_job == [0] * 6  # forgone 1 s after 5 batches, one left
+
+
 def test_a_batch_the_warmup_compiled_beside_prices_its_gamma_only_until_a_clean_one_does():
     """The first batches, at γ = 0 while the warm-up compiles the loops on the same
-    cores, are slower than the target alone is: priced from them, γ = 0 read dearer, and
-    a draft that does not pay at batch 1 ran at γ = 4 for a whole job. A contended
-    batch's seconds stand in only while its γ has no clean ones, and γ = 0, timed only
-    that way, is timed again on an exploring batch."""
+    cores (and the job's daemons start), are slower than the target alone is: priced
+    from them, γ = 0 read dearer, and a draft that does not pay at batch 1 ran at γ = 4
+    for a whole job. A contended batch's seconds stand in only while its γ has no clean
+    ones, old batches age out, and γ = 0 timed long ago or only beside the warm-up is
+    timed again on an exploring batch."""
     times = StepTimes()
     times.add(0, 2.0, 10, contended=True)
-    assert times.get(0) == (2.0, 10) and times.contended_only(0) and times.clean_steps(0) == 0
+    assert times.get(0) == (2.0, 10) and times.stale(0, after=24) and times.clean_steps(0) == 0
     times.add(0, 1.0, 10)
     times.add(0, 5.0, 10, contended=True)  # the clean ones price γ = 0 now
-    assert times.get(0) == (1.0, 10) and not times.contended_only(0)
+    assert times.get(0) == (1.0, 10) and not times.stale(0, after=24)
     times.add(2, 3.0, 4, contended=True)
     assert list(times.items()) == [(0, (1.0, 10)), (2, (3.0, 4))] and times.get(1) == (0.0, 0)
+    assert not times.stale(1, after=1)  # never timed: nothing to time again
+
+    # old batches age out: a γ is priced from the job's last `horizon` batches
+    times = StepTimes(horizon=4)
+    times.add(0, 3.0, 1)  # a slow first batch
+    for _ in range(4):
+        times.add(1, 1.0, 1)
+    assert times.get(0) == (3.0, 1)  # the newest of γ = 0, however old
+    assert times.stale(0, after=4) and not times.stale(0, after=5)
+    times.add(0, 1.0, 1)
+    assert times.get(0) == (1.0, 1) and times.get(1) == (3.0, 3)
 
     prior = GammaPrior(alpha=0.4, draft_c=0.05, target_slope=0.0, overhead=0.0)
     policy = AdaptiveGamma(4, prior=prior, explore_every=2)

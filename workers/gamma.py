@@ -7,8 +7,8 @@ the step's cost (:func:`theory.iteration_costs`), relative to the target decodin
 alone (γ = 0). After each batch the engine reports what it measured
 (:meth:`AdaptiveGamma.observe`): acceptance counts per position, and seconds per
 loop step: its decode loop's (``DecodeResult.loop_s``; the encoder and prefill cost the
-same at any γ) else its wall seconds, over its loop steps. A batch that the job's
-warm-up compiled beside counts only for a γ timed no other way (:mod:`workers.step_times`).
+same at any γ) else its wall seconds, over its loop steps, from its recent batches, those
+the warm-up compiled beside only where there is no other (:mod:`workers.step_times`).
 
 γ = 0 runs the target alone for that batch: the same tokens as the baseline (the
 baseline is the target). Under the paper's rule at a temperature above 0 the target alone
@@ -88,6 +88,7 @@ NEIGHBOUR_STEPS = 48
 # γ = 1 anchors the measured cost curve (the first drafted token is the cheapest): while
 # the best is γ ≥ 2 and γ = 1 is estimated within this share of it, it is timed too
 ANCHOR_MARGIN = 0.2
+STALE_BATCHES = 24  # γ = 0 timed this long ago is timed again (workers.step_times)
 # batches of up to this many rows run every γ in one compiled loop (DecodeSettings.slots):
 # the target scores γ_max + 1 tokens per call, which costs about what γ + 1 do at a few
 # rows, and the job compiles one speculative program per shape instead of one per γ
@@ -250,7 +251,7 @@ class AdaptiveGamma:
         if best == 0 and self._exploring() and self._may_pay(self._explore_costs(rows)):
             return 1
         if best >= 1 and len(self.history) % self.explore_every == self.explore_every - 1:
-            if self._time.contended_only(0):  # the target alone, timed beside no compiling
+            if self._time.stale(0, STALE_BATCHES):  # the target alone, timed afresh
                 return 0
             neighbour = self._untimed_neighbour(best, theory.gamma_improvements(betas, costs))
             if neighbour is not None:
