@@ -31,8 +31,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 CANDIDATES = (1, 4, 16, 64)  # batch sizes the choice times
-PROBE_CALLS = 8  # target calls per timed run of each candidate
-PROBE_ROUNDS = 3  # timed runs of each candidate (interleaved), medians taken
+PROBE_CALLS = 4  # target calls per timed run of each candidate
+PROBE_ROUNDS = 2  # timed runs of each candidate (interleaved), medians taken
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ from tests import test_exactness as exact
 from tests.stub_models import bound as bind_table
 from workers.batching import DecodeSettings, Request, pack
 from workers.engine import InProcessEngine
-from workers.gamma import MAX_SLOPE, AdaptiveGamma, GammaPrior
+from workers.gamma import MAX_SLOPE, SHARED_SLOTS_MAX_ROWS, AdaptiveGamma, GammaPrior
 from workers.gamma import STALE_BATCHES as STALE
 from workers.spec import ModelSpec
 from workers.step_times import StepTimes
@@ -913,3 +913,17 @@ def test_a_batch_the_warmup_compiled_beside_prices_its_gamma_only_until_a_clean_
     _observe(policy, 0, per_position=[], seconds_per_step=1.0)
     assert policy.costs()[0] == pytest.approx(1.0)
     assert policy.choose() == 0  # at its own cost the target alone is faster
+
+
+def test_a_loop_costs_its_programs_compile_one_per_gamma_beyond_a_few_rows():
+    """A few rows share one loop program for every γ; more rows compile one per γ, and a
+    shape's loop is bought only once it has forgone that many programs' compiling: at
+    batch 16 a job bought four programs' compiling (tens of seconds beside its
+    batches) on the estimate of one, and then ran every batch at γ = 0."""
+    policy = AdaptiveGamma(4, prior=GammaPrior(loop_compile_s=1.0))
+    shape = ("shape",)
+    policy._forgone[shape] = 2.0  # two programs' compiling forgone
+    assert policy._loop_paid(shape, rows=SHARED_SLOTS_MAX_ROWS)
+    assert not policy._loop_paid(shape, rows=SHARED_SLOTS_MAX_ROWS + 1)  # needs 4
+    policy._forgone[shape] = 4.0
+    assert policy._loop_paid(shape, rows=16)

@@ -2,7 +2,7 @@
 same command whatever decides the γ path, through the CLI on the tiny pair of
 ``tests/test_translate_job.py``: ``--gamma auto`` (choices that follow timings) and
 fixed γ = 1, 2, 3, the in-process engine and Ray with the draft in each placement,
-batch 1 and 4, and the job run twice. Under ``--sampling invariant`` they are the target
+batch 1, 4 and 16, and the job run twice. Under ``--sampling invariant`` they are the target
 alone's (``--gamma 0``) too; under ``--sampling paper`` the target alone draws other
 samples (README, "Sampling rules and what a seed promises")."""
 
@@ -51,7 +51,8 @@ def test_the_outputs_do_not_depend_on_gamma_batch_or_a_second_run(run, rule):
     assert run("--gamma", "2") == reference  # the same command again
     for flags in (("--gamma", "auto"), ("--gamma", "1"), ("--gamma", "3")):
         assert run(*flags) == reference, flags
-    assert run("--gamma", "auto", "--batch-size", "1") == reference
+    for batch in ("1", "16"):  # 16: every record in one batch, beside padding rows
+        assert run("--gamma", "auto", "--batch-size", batch) == reference, batch
     assert run("--gamma", "3", "--seed", "8") != reference  # the seed does choose them
     # the target alone: its own seeded sample under the invariant rule, other draws
     # (of the same distribution) under the paper's

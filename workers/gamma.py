@@ -50,12 +50,12 @@ speculative loop run at γ = 0, and each adds what speculation would have saved 
 (its loop's seconds times 1 − 1/the estimated improvement, optimistically while γ = 1
 is still explored) to the shape's forgone seconds; once they reach the loop's compile
 cost (the median of the job's measured loop compiles, else the prior's
-``loop_compile_s``), the loop is compiled. Like renting until the rent has
-paid for the skis, this never loses more than twice what knowing the job's length in
-advance would, and spends nothing on shapes too rare to pay. Where the engine knows how
-many batches the job has (``batches``), a loop is also not bought while the batches
-left, each saving what the last γ = 0 batch would have by the estimate (not its upper
-bound), could not earn it back: a short job stays with the target alone.
+``loop_compile_s``, times its programs: one per γ beyond a few rows), it is compiled.
+Like renting until the rent has paid for the skis, this never loses more than twice
+what knowing the job's length would, and spends nothing on shapes too rare to pay.
+Where the engine knows the job's batch count (``batches``), a loop is also not bought
+while the batches left, each saving what the last γ = 0 batch would have (by the
+estimate, not its bound), could not earn it back: a short job stays with the target alone.
 """
 
 from __future__ import annotations
@@ -128,8 +128,7 @@ class AdaptiveGamma:
         self.speculative_zero = speculative_zero
         self._tests = np.zeros(gamma_max)
         self._passes = np.zeros(gamma_max)
-        # seconds and loop steps summed per γ, with and without the warm-up beside them
-        self._time = StepTimes()
+        self._time = StepTimes()  # loop seconds and steps per γ, the recent batches
         self._draft_c: list[float] = []  # draft step / target step, where the split is known
         self.history: list[int] = []  # γ of every batch decoded, in order
         self._zeros_in_a_row = 0
@@ -238,7 +237,7 @@ class AdaptiveGamma:
         weighed); recorded in :attr:`history` by :meth:`observe`."""
         with self._lock:
             gamma = self._choose(rows)
-            if gamma >= 1 and shape is not None and not self._loop_paid(shape):
+            if gamma >= 1 and shape is not None and not self._loop_paid(shape, rows):
                 return 0
             return gamma
 
@@ -273,7 +272,7 @@ class AdaptiveGamma:
         with self._lock:
             return float(np.median(self._loop_compiles)) if self._loop_compiles else None
 
-    def _loop_paid(self, shape: tuple) -> bool:
+    def _loop_paid(self, shape: tuple, rows: int) -> bool:
         """Whether ``shape`` has its loop (warm, where compiled ahead), or has forgone enough
         to buy it and, the job's batches known, enough left to earn it (always where
         ``speculative_zero``: every batch runs it)."""
@@ -283,7 +282,8 @@ class AdaptiveGamma:
         if warm is not None:  # compiled ahead (workers.warmup), or compiling there
             return warm
         measured = self._loop_compiles
-        compile_s = float(np.median(measured)) if measured else self.prior.loop_compile_s
+        each = float(np.median(measured)) if measured else self.prior.loop_compile_s
+        compile_s = each * (1 if rows <= SHARED_SLOTS_MAX_ROWS else self.gamma_max)
         if self._forgone[shape] < compile_s:
             return False
         paid = self.batches is None or (
