@@ -17,7 +17,8 @@ from tests.test_gamma_auto import _stub_result as stub_result
 from workers import warmup
 from workers.batching import DecodeSettings, Request, pack
 from workers.engine import InProcessEngine, decode_baseline, decode_speculative
-from workers.gamma import AdaptiveGamma, GammaPrior, TargetAlone, at_gamma
+from workers.gamma import AdaptiveGamma, GammaPrior, at_gamma
+from workers.target_alone import TargetAlone
 
 CONFIG = registry.get_config("t5_tiny_test", vocab_size=512)
 

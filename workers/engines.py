@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from workers.batching import DecodeSettings
 from workers.engine import EngineConfig, InProcessEngine, bound_model, check_models
-from workers.gamma import AdaptiveGamma, TargetAlone
+from workers.gamma import AdaptiveGamma
 from workers.spec import ModelSpec
+from workers.target_alone import TargetAlone
 
 
 def build_engine(
